@@ -1,0 +1,135 @@
+//! The command line. Values are taken as text and validated by [`crate::config`], so every bad
+//! value is reported the same way, with the option's name, and exits 64.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::Overrides;
+
+/// A transparent tap between xDS clients (Envoy, proxyless gRPC) and their control plane.
+/// It forwards HTTP/2 unchanged and tells you which proxy accepted or rejected which config push.
+#[derive(Debug, Parser)]
+#[command(
+    name = "xdstap",
+    version,
+    propagate_version = true,
+    max_term_width = 100
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Forward xDS traffic from --listen to --upstream and observe it.
+    Run(RunArgs),
+    /// Validate a config file (and flags) and exit: 0 when valid, 64 when not.
+    CheckConfig(CheckArgs),
+}
+
+/// `xdstap check-config`.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// The YAML config file to check.
+    pub file: PathBuf,
+    #[command(flatten)]
+    pub options: Options,
+}
+
+/// `xdstap run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// YAML config file; flags override its keys.
+    #[arg(long, short = 'c', value_name = "FILE", env = "XDSTAP_CONFIG")]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub options: Options,
+}
+
+/// Options shared by `run` and `check-config`.
+#[derive(Debug, Args, Default)]
+pub struct Options {
+    /// Where xDS clients connect: host:port (h2c) or unix:/path.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// The control plane: host:port or unix:/path.
+    #[arg(long, value_name = "ADDR")]
+    pub upstream: Option<String>,
+    /// PEM certificate chain for downstream TLS.
+    #[arg(long, value_name = "FILE", help_heading = "Downstream TLS")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, value_name = "FILE", help_heading = "Downstream TLS")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA bundle; clients must present a certificate signed by it (mTLS).
+    #[arg(long, value_name = "FILE", help_heading = "Downstream TLS")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Speak TLS to the upstream (implied by the other --upstream-* TLS flags).
+    #[arg(long, help_heading = "Upstream TLS")]
+    pub upstream_tls: bool,
+    /// PEM CA bundle to verify the upstream [default: system roots].
+    #[arg(long, value_name = "FILE", help_heading = "Upstream TLS")]
+    pub upstream_ca: Option<PathBuf>,
+    /// PEM client certificate for an upstream that requires mTLS.
+    #[arg(long, value_name = "FILE", help_heading = "Upstream TLS")]
+    pub upstream_cert: Option<PathBuf>,
+    /// PEM private key for --upstream-cert.
+    #[arg(long, value_name = "FILE", help_heading = "Upstream TLS")]
+    pub upstream_key: Option<PathBuf>,
+    /// Server name to send and verify [default: the upstream host].
+    #[arg(long, value_name = "NAME", help_heading = "Upstream TLS")]
+    pub upstream_sni: Option<String>,
+    /// HTTP/2 stream window, both sides [default: 16MiB].
+    #[arg(long, value_name = "SIZE", help_heading = "HTTP/2")]
+    pub stream_window: Option<String>,
+    /// HTTP/2 connection window, both sides [default: 24MiB].
+    #[arg(long, value_name = "SIZE", help_heading = "HTTP/2")]
+    pub connection_window: Option<String>,
+    /// Largest HTTP/2 DATA frame accepted [default: 16384].
+    #[arg(long, value_name = "SIZE", help_heading = "HTTP/2")]
+    pub max_frame_size: Option<String>,
+    /// Time open streams get to finish after SIGTERM/SIGINT [default: 10s].
+    #[arg(long, value_name = "DURATION")]
+    pub shutdown_grace: Option<String>,
+    /// Upstream connect timeout [default: 10s].
+    #[arg(long, value_name = "DURATION")]
+    pub connect_timeout: Option<String>,
+    /// Log format: text or json [default: text].
+    #[arg(long, value_name = "FORMAT")]
+    pub log_format: Option<String>,
+    /// Log filter, e.g. info or xdstap=debug [default: info; RUST_LOG also works].
+    #[arg(long, value_name = "FILTER")]
+    pub log_level: Option<String>,
+}
+
+impl Options {
+    /// The flags as overrides for the config file.
+    pub fn overrides(&self) -> Overrides {
+        Overrides {
+            listen: self.listen.clone(),
+            upstream: self.upstream.clone(),
+            tls_cert: self.tls_cert.clone(),
+            tls_key: self.tls_key.clone(),
+            tls_client_ca: self.tls_client_ca.clone(),
+            upstream_tls: self.upstream_tls,
+            upstream_ca: self.upstream_ca.clone(),
+            upstream_cert: self.upstream_cert.clone(),
+            upstream_key: self.upstream_key.clone(),
+            upstream_sni: self.upstream_sni.clone(),
+            stream_window: self.stream_window.clone(),
+            connection_window: self.connection_window.clone(),
+            max_frame_size: self.max_frame_size.clone(),
+            shutdown_grace: self.shutdown_grace.clone(),
+            connect_timeout: self.connect_timeout.clone(),
+            log_format: self.log_format.clone(),
+            log_level: self
+                .log_level
+                .clone()
+                .or_else(|| std::env::var("RUST_LOG").ok()),
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! The `xdstap` binary: parse the command line, set up logging, run. Exits 64 (EX_USAGE) on any
+//! bad flag, file or value, naming it.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use xdstap::cli::{Cli, Command};
+use xdstap::config::{Config, FileConfig, LogFormat};
+use xdstap::proxy::{Connector, Listener, Proxy};
+
+const EX_USAGE: u8 = 64;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(EX_USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    match cli.command {
+        Command::CheckConfig(args) => {
+            let file = match FileConfig::load(&args.file) {
+                Ok(f) => f,
+                Err(e) => return usage_error(e),
+            };
+            match Config::resolve(file, args.options.overrides()).and_then(|c| {
+                check_tls(&c)?;
+                Ok(c)
+            }) {
+                Ok(c) => {
+                    println!(
+                        "{}: valid (listen {}, upstream {})",
+                        args.file.display(),
+                        c.listen,
+                        c.upstream
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => usage_error(e),
+            }
+        }
+        Command::Run(args) => {
+            let file = match args.config.as_deref().map(FileConfig::load).transpose() {
+                Ok(f) => f.unwrap_or_default(),
+                Err(e) => return usage_error(e),
+            };
+            let config = match Config::resolve(file, args.options.overrides()) {
+                Ok(c) => c,
+                Err(e) => return usage_error(e),
+            };
+            init_logging(config.log_format, &config.log_level);
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build();
+            let runtime = match runtime {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("xdstap: cannot start the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(run(config)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(RunError::Usage(e)) => usage_error(e),
+                Err(RunError::Other(e)) => {
+                    tracing::error!("{e:#}");
+                    eprintln!("xdstap: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+fn usage_error(e: impl std::fmt::Display) -> ExitCode {
+    eprintln!("xdstap: {e}");
+    ExitCode::from(EX_USAGE)
+}
+
+enum RunError {
+    Usage(xdstap::config::ConfigError),
+    Other(anyhow::Error),
+}
+
+/// Builds the TLS pieces, so a bad certificate file is a usage error naming the option.
+fn check_tls(config: &Config) -> Result<TlsParts, xdstap::config::ConfigError> {
+    use xdstap::config::ConfigError;
+    let acceptor = match &config.tls {
+        Some(t) => Some(t.acceptor().map_err(|e| ConfigError::Invalid {
+            option: "tls (--tls-cert/--tls-key/--tls-client-ca)".into(),
+            value: t.cert.display().to_string(),
+            reason: e.to_string(),
+        })?),
+        None => None,
+    };
+    let connector =
+        match &config.upstream_tls {
+            Some(t) => Some(t.connector(config.upstream.host()).map_err(|e| {
+                ConfigError::Invalid {
+                    option:
+                        "upstream_tls (--upstream-ca/--upstream-cert/--upstream-key/--upstream-sni)"
+                            .into(),
+                    value: config.upstream.to_string(),
+                    reason: e.to_string(),
+                }
+            })?),
+            None => None,
+        };
+    Ok(TlsParts {
+        acceptor,
+        connector,
+    })
+}
+
+struct TlsParts {
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    connector: Option<(
+        tokio_rustls::TlsConnector,
+        tokio_rustls::rustls::pki_types::ServerName<'static>,
+    )>,
+}
+
+async fn run(config: Config) -> Result<(), RunError> {
+    let tls = check_tls(&config).map_err(RunError::Usage)?;
+    let listener = Listener::bind(&config.listen, tls.acceptor)
+        .await
+        .map_err(|e| RunError::Other(anyhow::anyhow!("cannot listen on {}: {e}", config.listen)))?;
+    let observer = Arc::new(xdstap::proxy::NoObserver);
+    let proxy = Proxy::new(
+        listener,
+        Connector::new(config.upstream.clone(), tls.connector),
+        config.proxy.clone(),
+        observer,
+    );
+    tracing::info!(listen = %proxy.local_addr(), upstream = %config.upstream, "Listening");
+    proxy.serve(shutdown_signal()).await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+    }
+}
+
+fn init_logging(format: LogFormat, level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}

@@ -1,0 +1,97 @@
+//! One downstream connection: TLS and HTTP/2 handshakes, then a task per accepted stream, all
+//! sharing one lazily dialed upstream connection.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
+
+use super::listen::Io;
+use super::upstream::UpstreamConn;
+use super::{stream, ProxyStats, Shared};
+
+pub(super) async fn serve(
+    io: Io,
+    tls: Option<TlsAcceptor>,
+    peer: String,
+    conn_id: u64,
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let stats = &shared.stats;
+    ProxyStats::add(&stats.connections_total, 1);
+    ProxyStats::add(&stats.connections_active, 1);
+    let _active = Decrement(&stats.connections_active);
+
+    let io: Io = match tls {
+        Some(acceptor) => match acceptor.accept(io).await {
+            Ok(tls) => Box::new(tls),
+            Err(e) => {
+                ProxyStats::add(&stats.handshake_errors, 1);
+                tracing::warn!(%peer, error = %e, "Client TLS handshake failed");
+                return;
+            }
+        },
+        None => io,
+    };
+    let settings = &shared.settings;
+    let handshake = h2::server::Builder::new()
+        .initial_window_size(settings.stream_window)
+        .initial_connection_window_size(settings.connection_window)
+        .max_frame_size(settings.max_frame_size)
+        .handshake::<_, Bytes>(io);
+    let mut conn = match handshake.await {
+        Ok(conn) => conn,
+        Err(e) => {
+            ProxyStats::add(&stats.handshake_errors, 1);
+            tracing::warn!(%peer, error = %e, "Client HTTP/2 handshake failed");
+            return;
+        }
+    };
+    tracing::info!(conn = conn_id, %peer, upstream = %shared.connector.endpoint(), "Connection opened");
+    let upstream = Arc::new(UpstreamConn::new(shared.connector.clone()));
+    let mut draining = *stop.borrow();
+    if draining {
+        conn.graceful_shutdown();
+    }
+    let mut streams = 0u64;
+    let result = loop {
+        tokio::select! {
+            changed = stop.changed(), if !draining => {
+                if changed.is_err() || *stop.borrow() {
+                    draining = true;
+                    conn.graceful_shutdown();
+                }
+            }
+            next = conn.accept() => match next {
+                Some(Ok((request, respond))) => {
+                    streams += 1;
+                    let id = shared.next_stream.fetch_add(1, Ordering::Relaxed);
+                    let shared = shared.clone();
+                    let upstream = upstream.clone();
+                    let peer = peer.clone();
+                    tokio::spawn(async move {
+                        stream::forward(id, request, respond, &upstream, &shared, &peer).await;
+                    });
+                }
+                Some(Err(e)) => break Err(e),
+                None => break Ok(()),
+            }
+        }
+    };
+    match result {
+        Ok(()) => tracing::info!(conn = conn_id, %peer, streams, "Connection closed"),
+        Err(e) => tracing::info!(conn = conn_id, %peer, streams, error = %e, "Connection closed"),
+    }
+}
+
+/// Decrements a gauge when dropped, so every exit path counts.
+pub(super) struct Decrement<'a>(pub &'a std::sync::atomic::AtomicU64);
+
+impl Drop for Decrement<'_> {
+    fn drop(&mut self) {
+        ProxyStats::sub(self.0, 1);
+    }
+}

@@ -13,3 +13,4 @@
 pub mod cli;
 pub mod config;
 pub mod proxy;
+pub mod grpc;

@@ -1,0 +1,134 @@
+//! Raw HTTP/2 peers (the h2 crate, no gRPC library) for checks that need exact header fields,
+//! trailers and RST_STREAM codes on both ends.
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use h2::{Reason, RecvStream};
+use http::{HeaderMap, Request, Response};
+use tokio::io::{AsyncRead, AsyncWrite};
+
+/// What the raw server saw of one stream.
+#[derive(Debug, Clone, Default)]
+pub struct Seen {
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body_digest: u64,
+    pub body_len: usize,
+    pub trailers: Option<HeaderMap>,
+    pub reset: Option<Reason>,
+}
+
+pub type Log = Arc<Mutex<Vec<Seen>>>;
+
+async fn read_body(body: &mut RecvStream) -> Result<Vec<u8>, h2::Error> {
+    let mut out = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
+}
+
+/// Serves h2 on any byte streams. Paths: `/echo` echoes the body with response header
+/// `x-resp: 1` and trailers `x-trailer: t1`, `grpc-status: 0`; `/reset/N` resets with code N
+/// once the request headers arrive; `/hang` reads the body and never answers (records a reset).
+pub async fn serve_conn<T: AsyncRead + AsyncWrite + Unpin + Send + 'static>(io: T, log: Log) {
+    let Ok(mut conn) = h2::server::handshake(io).await else { return };
+    while let Some(Ok((req, mut respond))) = conn.accept().await {
+        let log = log.clone();
+        tokio::spawn(async move {
+            let (parts, mut body) = req.into_parts();
+            let path = parts.uri.path().to_string();
+            let mut seen = Seen { path: path.clone(), headers: parts.headers.clone(), ..Default::default() };
+            if let Some(code) = path.strip_prefix("/reset/") {
+                respond.send_reset(Reason::from(code.parse::<u32>().unwrap()));
+                log.lock().unwrap().push(seen);
+                return;
+            }
+            match read_body(&mut body).await {
+                Ok(b) => {
+                    seen.body_digest = super::echo::digest(&b);
+                    seen.body_len = b.len();
+                    seen.trailers = body.trailers().await.ok().flatten();
+                    if path == "/hang" {
+                        let reset = std::future::poll_fn(|cx| respond.poll_reset(cx)).await;
+                        seen.reset = reset.ok();
+                        log.lock().unwrap().push(seen);
+                        return;
+                    }
+                    log.lock().unwrap().push(seen);
+                    let mut resp = Response::new(());
+                    resp.headers_mut().insert("x-resp", "1".parse().unwrap());
+                    resp.headers_mut().insert("content-type", "application/grpc".parse().unwrap());
+                    let mut send = respond.send_response(resp, false).unwrap();
+                    send.send_data(Bytes::from(b), false).unwrap();
+                    let mut trailers = HeaderMap::new();
+                    trailers.insert("x-trailer", "t1".parse().unwrap());
+                    trailers.insert("grpc-status", "0".parse().unwrap());
+                    send.send_trailers(trailers).unwrap();
+                }
+                Err(e) => {
+                    seen.reset = e.reason();
+                    log.lock().unwrap().push(seen);
+                }
+            }
+        });
+    }
+}
+
+/// A raw server on a TCP listener; the task handle kills it (and every connection) on abort.
+pub fn serve_tcp(listener: tokio::net::TcpListener, log: Log) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut conns = tokio::task::JoinSet::new();
+        loop {
+            let (s, _) = listener.accept().await.unwrap();
+            conns.spawn(serve_conn(s, log.clone()));
+        }
+    })
+}
+
+/// Opens an h2 client connection on `io`.
+pub async fn client<T: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+    io: T,
+) -> h2::client::SendRequest<Bytes> {
+    let (send, conn) = h2::client::handshake(io).await.unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    send
+}
+
+pub fn request(path: &str) -> Request<()> {
+    let mut r = Request::builder()
+        .method("POST")
+        .uri(format!("http://xds.example{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("x-custom-bin", "AAEC")
+        .header("x-multi", "a")
+        .body(())
+        .unwrap();
+    r.headers_mut().append("x-multi", "b".parse().unwrap());
+    r
+}
+
+/// Sends `body` then trailers, reads the whole answer.
+pub async fn exchange(
+    send: &mut h2::client::SendRequest<Bytes>,
+    path: &str,
+    body: Bytes,
+) -> Result<(Response<()>, Vec<u8>, Option<HeaderMap>), h2::Error> {
+    let mut send = send.clone().ready().await?;
+    let (resp, mut stream) = send.send_request(request(path), false)?;
+    stream.send_data(body, false)?;
+    let mut trailers = HeaderMap::new();
+    trailers.insert("x-req-trailer", "r1".parse().unwrap());
+    stream.send_trailers(trailers)?;
+    let resp = resp.await?;
+    let (head, mut body) = resp.into_parts();
+    let data = read_body(&mut body).await?;
+    let trailers = body.trailers().await?;
+    Ok((Response::from_parts(head, ()), data, trailers))
+}

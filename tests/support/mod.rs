@@ -4,7 +4,10 @@
 
 pub mod certs;
 pub mod echo;
+pub mod control_plane;
+pub mod envoy;
 pub mod raw;
+pub mod resources;
 pub mod tap;
 
 /// A fresh temporary directory under target/, removed on drop.

@@ -5,12 +5,21 @@
 //! answers it.
 //!
 //! # Layout
+//! Along the data flow; each module imports only from those before it.
 //! - [`proxy`]: listen, dial upstream, forward streams frame by frame; knows no gRPC or xDS.
-//! - [`config`]: the YAML file and flags, validated into settings; errors name the option.
-//! - [`cli`]: the command line.
+//! - [`grpc`]: gRPC message framing, streamed.
+//! - [`xds`]: method classification and the streaming decoder of the four xDS messages.
+//! - [`correlate`]: the pure state machine that pairs pushes with answers.
+//! - [`observe`]: the bounded event queue and its sinks (log lines).
+//! - [`tap`]: the proxy's observer: framing -> decode -> correlate -> queue, inline.
+//! - [`config`], [`cli`]: settings and the command line.
 #![forbid(unsafe_code)]
 
 pub mod cli;
 pub mod config;
-pub mod proxy;
+pub mod correlate;
 pub mod grpc;
+pub mod observe;
+pub mod proxy;
+pub mod tap;
+pub mod xds;

@@ -1,0 +1,151 @@
+//! Where correlation events go: a bounded queue (the tap hands events over with `try_send` and
+//! never waits; a full queue drops and counts), drained by one task into the sinks. Sinks here:
+//! one log line per verdict, and a recorder the status view and tests read.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::mpsc;
+
+use crate::correlate::{Event, Verdict};
+use crate::xds::short_type;
+
+/// Counters of the observing side.
+#[derive(Debug, Default)]
+pub struct TapStats {
+    /// Events dropped because the queue was full.
+    pub dropped_events: AtomicU64,
+    /// xDS messages decoded.
+    pub decoded: AtomicU64,
+    /// Messages not decoded: invalid protobuf.
+    pub decode_invalid: AtomicU64,
+    /// Messages not decoded: compressed with an encoding we do not inflate, or not inflatable.
+    pub decode_encoding: AtomicU64,
+    /// Messages not decoded: over the decode limit.
+    pub decode_too_large: AtomicU64,
+    /// Streams whose gRPC framing broke (the rest of that direction is not decoded).
+    pub framing_errors: AtomicU64,
+    /// Answers naming a nonce the tap never saw pushed.
+    pub unmatched_answers: AtomicU64,
+}
+
+impl TapStats {
+    /// Reads a counter.
+    pub fn get(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+}
+
+/// The sending end of the event queue. Cloned into every observed stream.
+#[derive(Clone)]
+pub struct EventSender {
+    tx: mpsc::Sender<Event>,
+    stats: Arc<TapStats>,
+}
+
+impl EventSender {
+    /// Hands an event over without waiting; drops and counts it when the queue is full.
+    pub fn send(&self, event: Event) {
+        if self.tx.try_send(event).is_err() {
+            self.stats.dropped_events.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A bounded event queue of `capacity` events.
+pub fn queue(capacity: usize, stats: Arc<TapStats>) -> (EventSender, mpsc::Receiver<Event>) {
+    let (tx, rx) = mpsc::channel(capacity.max(1));
+    (EventSender { tx, stats }, rx)
+}
+
+/// Something that consumes events. Runs on the queue's task, never on the forwarding path.
+pub trait Sink: Send {
+    /// One event.
+    fn on_event(&mut self, event: &Event);
+}
+
+/// Drains the queue into the sinks until every sender is gone.
+pub async fn drain(mut rx: mpsc::Receiver<Event>, mut sinks: Vec<Box<dyn Sink>>) {
+    while let Some(event) = rx.recv().await {
+        for sink in sinks.iter_mut() {
+            sink.on_event(&event);
+        }
+    }
+}
+
+/// One structured log line per verdict: NACK at warn (everything needed to act), others at
+/// debug.
+pub struct LogSink;
+
+impl Sink for LogSink {
+    fn on_event(&mut self, event: &Event) {
+        let at = event.context();
+        let node = at.node.as_ref().map(|n| n.id.as_str()).unwrap_or("");
+        let short = short_type(&at.type_url);
+        match event {
+            Event::Verdict { push, verdict: Verdict::Nack { error, suspects, changed }, client_version, .. } => {
+                tracing::warn!(
+                    xds.node = node,
+                    xds.type_url = %at.type_url,
+                    xds.version = %push.version,
+                    xds.nonce = %push.nonce,
+                    xds.client_version = client_version.as_deref().unwrap_or(""),
+                    xds.error_code = error.code,
+                    xds.error_message = %error.message,
+                    xds.suspects = %suspects.join(","),
+                    xds.changed = %changed.join(","),
+                    stream = at.stream.stream_id,
+                    "{short} push NACKed",
+                );
+            }
+            Event::Verdict { push, verdict, decided_at, .. } => {
+                tracing::debug!(
+                    xds.node = node,
+                    xds.type_url = %at.type_url,
+                    xds.version = %push.version,
+                    xds.nonce = %push.nonce,
+                    xds.verdict = verdict.name(),
+                    latency_ms = decided_at.saturating_sub(push.at) as f64 / 1e6,
+                    stream = at.stream.stream_id,
+                    "{short} push {}",
+                    verdict.name(),
+                );
+            }
+            Event::StaleAnswer { nonce, pending_nonce, nack, .. } => {
+                tracing::debug!(xds.node = node, xds.type_url = %at.type_url, xds.nonce = %nonce,
+                    xds.pending_nonce = %pending_nonce, nack, "{short} stale answer");
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Keeps the last `capacity` events in memory, for the status view, the demo and tests.
+#[derive(Clone)]
+pub struct Recorder {
+    events: Arc<Mutex<VecDeque<Event>>>,
+    capacity: usize,
+}
+
+impl Recorder {
+    /// A recorder of the last `capacity` events.
+    pub fn new(capacity: usize) -> Self {
+        Recorder { events: Arc::default(), capacity }
+    }
+
+    /// A copy of the events held.
+    pub fn events(&self) -> Vec<Event> {
+        self.events.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
+    }
+}
+
+impl Sink for Recorder {
+    fn on_event(&mut self, event: &Event) {
+        let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        if events.len() == self.capacity {
+            events.pop_front();
+        }
+        events.push_back(event.clone());
+    }
+}

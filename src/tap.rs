@@ -1,0 +1,263 @@
+//! The proxy's observer: per xDS stream, gRPC framing -> xDS decode -> correlation, run inline
+//! where the frame is polled (all cheap and synchronous), with events handed to the bounded
+//! queue. Other gRPC methods are only counted. Nothing here can fail or delay forwarding.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::HeaderMap;
+
+use crate::correlate::{Correlator, Event, StreamContext, Timestamp};
+use crate::grpc::{Deframer, Event as Frame};
+use crate::observe::{EventSender, TapStats};
+use crate::proxy::{Direction, Observe, Side, StreamEnd, StreamInfo, StreamObserver};
+use crate::xds::decode::{DecodeError, MessageDecoder};
+use crate::xds::scan::Kind;
+use crate::xds::{Message, Method};
+
+/// Default largest message decoded (bigger ones are forwarded and counted): 256 MiB.
+pub const DEFAULT_DECODE_LIMIT: u64 = 256 << 20;
+
+/// The xDS observer.
+pub struct Tap {
+    events: EventSender,
+    stats: Arc<TapStats>,
+    decode_limit: u64,
+}
+
+impl Tap {
+    /// A tap that sends events to `events`.
+    pub fn new(events: EventSender, stats: Arc<TapStats>, decode_limit: u64) -> Self {
+        Tap { events, stats, decode_limit }
+    }
+}
+
+/// Wall-clock now, for event timestamps.
+pub fn now() -> Timestamp {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
+impl Observe for Tap {
+    fn on_stream(&self, info: &StreamInfo<'_>) -> Box<dyn StreamObserver> {
+        let Some(method) = Method::classify(info.path) else {
+            return Box::new(Counting { id: info.id, path: info.path.into(), counts: [Count::default(); 2] });
+        };
+        let encoding = info.headers.get("grpc-encoding").and_then(|v| v.to_str().ok()).map(String::from);
+        let context = StreamContext {
+            stream_id: info.id,
+            api: Some(method.api),
+            service: method.service.clone(),
+            method: method.method.clone(),
+            downstream: info.downstream.into(),
+            upstream: info.upstream.into(),
+        };
+        Box::new(XdsStream {
+            correlator: Correlator::new(method.api, context),
+            method,
+            request: Half { encoding, ..Half::default() },
+            response: Half::default(),
+            events: self.events.clone(),
+            stats: self.stats.clone(),
+            limit: self.decode_limit,
+            grpc_status: None,
+            grpc_message: None,
+            pending: Vec::new(),
+        })
+    }
+}
+
+#[derive(Clone, Copy, Default)]
+struct Count {
+    messages: u64,
+    bytes: u64,
+}
+
+/// A non-xDS stream: counted, logged at stream end at debug.
+struct Counting {
+    id: u64,
+    path: String,
+    counts: [Count; 2],
+}
+
+impl StreamObserver for Counting {
+    fn on_data(&mut self, direction: Direction, chunk: &Bytes) {
+        self.counts[direction as usize].bytes += chunk.len() as u64;
+    }
+    fn on_end(&mut self, end: &StreamEnd) {
+        tracing::debug!(stream = self.id, path = %self.path, request_bytes = self.counts[0].bytes,
+            response_bytes = self.counts[1].bytes, ?end, "Stream closed");
+    }
+}
+
+#[derive(Default)]
+struct Half {
+    deframer: Deframer,
+    decoder: Option<MessageDecoder>,
+    encoding: Option<String>,
+    broken: bool,
+    count: Count,
+}
+
+struct XdsStream {
+    method: Method,
+    correlator: Correlator,
+    request: Half,
+    response: Half,
+    events: EventSender,
+    stats: Arc<TapStats>,
+    limit: u64,
+    grpc_status: Option<i32>,
+    grpc_message: Option<String>,
+    pending: Vec<Event>,
+}
+
+impl XdsStream {
+    fn flush(&mut self) {
+        for e in self.pending.drain(..) {
+            self.events.send(e);
+        }
+    }
+
+    fn count_error(&self, e: &DecodeError) {
+        let c = match e {
+            DecodeError::Protobuf(_) => &self.stats.decode_invalid,
+            DecodeError::Encoding(_) | DecodeError::Inflate(_) => &self.stats.decode_encoding,
+            DecodeError::TooLarge { .. } => &self.stats.decode_too_large,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(stream = self.correlator_id(), reason = e.reason(), error = %e, "xDS message not decoded; forwarded as is");
+    }
+
+    fn correlator_id(&self) -> String {
+        format!("{}/{}", self.method.service, self.method.method)
+    }
+}
+
+impl StreamObserver for XdsStream {
+    fn on_data(&mut self, direction: Direction, chunk: &Bytes) {
+        let api = self.method.api;
+        let (half, kind) = match direction {
+            Direction::Request => (&mut self.request, Kind::Request(api)),
+            Direction::Response => (&mut self.response, Kind::Response(api)),
+        };
+        if half.broken {
+            return;
+        }
+        half.count.bytes += chunk.len() as u64;
+        let limit = self.limit;
+        let mut finished: Vec<Result<Message, DecodeError>> = Vec::new();
+        let Half { deframer, decoder, encoding, count, .. } = half;
+        let framed = deframer.feed(chunk, &mut |frame| match frame {
+            Frame::Start { compressed, len } => {
+                *decoder = Some(MessageDecoder::new(kind, len, compressed, encoding.as_deref(), limit));
+            }
+            Frame::Body(b) => {
+                if let Some(d) = decoder.as_mut() {
+                    d.feed(b);
+                }
+            }
+            Frame::End => {
+                count.messages += 1;
+                if let Some(d) = decoder.take() {
+                    finished.push(d.finish());
+                }
+            }
+        });
+        if framed.is_err() {
+            half.broken = true;
+            half.decoder = None;
+            self.stats.framing_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        if finished.is_empty() {
+            return;
+        }
+        let now = now();
+        for result in finished {
+            match result {
+                Ok(Message::Request(r)) => {
+                    self.stats.decoded.fetch_add(1, Ordering::Relaxed);
+                    let before = self.correlator.unmatched_answers;
+                    self.correlator.on_request(r, now, &mut self.pending);
+                    if self.correlator.unmatched_answers > before {
+                        self.stats.unmatched_answers.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                Ok(Message::Response(r)) => {
+                    self.stats.decoded.fetch_add(1, Ordering::Relaxed);
+                    self.correlator.on_response(r, now, &mut self.pending);
+                }
+                Err(e) => self.count_error(&e),
+            }
+        }
+        self.flush();
+    }
+
+    fn on_response_headers(&mut self, headers: &HeaderMap) {
+        self.response.encoding = headers.get("grpc-encoding").and_then(|v| v.to_str().ok()).map(String::from);
+        self.read_status(headers);
+    }
+
+    fn on_trailers(&mut self, direction: Direction, trailers: &HeaderMap) {
+        if direction == Direction::Response {
+            self.read_status(trailers);
+        }
+    }
+
+    fn on_end(&mut self, end: &StreamEnd) {
+        let message = match end {
+            StreamEnd::Complete => self.grpc_message.clone().unwrap_or_else(|| "stream closed".into()),
+            StreamEnd::Reset { by, reason } => format!("reset by {} (HTTP/2 error code {reason})", side(*by)),
+            StreamEnd::Failed { by, message } => format!("{} failed: {message}", side(*by)),
+        };
+        self.correlator.on_stream_end(self.grpc_status, &message, now(), &mut self.pending);
+        self.flush();
+        tracing::debug!(
+            stream = self.correlator_id(),
+            node = self.correlator.node().map(|n| n.id.as_str()).unwrap_or(""),
+            request_messages = self.request.count.messages,
+            request_bytes = self.request.count.bytes,
+            response_messages = self.response.count.messages,
+            response_bytes = self.response.count.bytes,
+            "xDS stream closed"
+        );
+    }
+}
+
+fn side(s: Side) -> &'static str {
+    match s {
+        Side::Client => "client",
+        Side::Upstream => "control plane",
+    }
+}
+
+impl XdsStream {
+    fn read_status(&mut self, headers: &HeaderMap) {
+        if let Some(s) = headers.get("grpc-status").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()) {
+            self.grpc_status = Some(s);
+        }
+        if let Some(m) = headers.get("grpc-message").and_then(|v| v.to_str().ok()) {
+            self.grpc_message = Some(percent_decode(m));
+        }
+    }
+}
+
+/// Decodes a percent-encoded grpc-message.
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}

@@ -1,0 +1,185 @@
+//! What xDS messages mean to us: method classification by path, and the few fields we decode
+//! (by the streaming [`scan`]ner, never materialising resources).
+
+pub mod decode;
+pub mod scan;
+
+/// State of the World or incremental.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Api {
+    /// `DiscoveryRequest` / `DiscoveryResponse`: every response carries the whole state.
+    Sotw,
+    /// `DeltaDiscoveryRequest` / `DeltaDiscoveryResponse`: responses carry changes.
+    Delta,
+}
+
+impl Api {
+    /// `sotw` or `delta`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Api::Sotw => "sotw",
+            Api::Delta => "delta",
+        }
+    }
+}
+
+/// An xDS method, recognised from its `:path`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Method {
+    /// SotW or Delta.
+    pub api: Api,
+    /// `Fetch*`: unary SotW.
+    pub unary: bool,
+    /// The gRPC service, e.g. `envoy.service.discovery.v3.AggregatedDiscoveryService`.
+    pub service: String,
+    /// The gRPC method, e.g. `StreamAggregatedResources`.
+    pub method: String,
+}
+
+impl Method {
+    /// Classifies a request path; `None` for anything that is not xDS (it passes untouched).
+    ///
+    /// ADS: `/envoy.service.discovery.v3.AggregatedDiscoveryService/{Stream,Delta}AggregatedResources`;
+    /// per type: `/envoy.service.<x>.v3.<Y>DiscoveryService/{Stream,Delta,Fetch}<Z>`.
+    pub fn classify(path: &str) -> Option<Method> {
+        let (service, method) = path.strip_prefix('/')?.split_once('/')?;
+        if !service.starts_with("envoy.service.") || !service.ends_with("DiscoveryService") {
+            return None;
+        }
+        let (api, unary) = if method.starts_with("Stream") {
+            (Api::Sotw, false)
+        } else if method.starts_with("Delta") {
+            (Api::Delta, false)
+        } else if method.starts_with("Fetch") {
+            (Api::Sotw, true)
+        } else {
+            return None;
+        };
+        Some(Method { api, unary, service: service.into(), method: method.into() })
+    }
+}
+
+/// The client's node, from the first request of a stream.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Node {
+    /// `node.id`, e.g. `sidecar~10.0.0.1~pod.ns~ns.svc.cluster.local`.
+    pub id: String,
+    /// `node.cluster`.
+    pub cluster: String,
+    /// `user_agent_name` and `user_agent_version`, e.g. `envoy 1.40.0`.
+    pub user_agent: String,
+}
+
+/// `google.rpc.Status` from `error_detail`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ErrorDetail {
+    /// gRPC code (Envoy uses 13, INTERNAL, for rejected config).
+    pub code: i32,
+    /// Envoy's message, as sent.
+    pub message: String,
+}
+
+/// One resource of a response: its name, its version (Delta, or a `Resource` wrapper) and a
+/// digest of its bytes. The bytes themselves are never kept: Secrets carry private keys.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ResourceRef {
+    /// The resource name (field 1 of the resource, or the wrapper's name).
+    pub name: String,
+    /// Per-resource version, when the response carries one.
+    pub version: Option<String>,
+    /// xxh3-64 of the resource's serialized bytes.
+    pub digest: u64,
+}
+
+/// A request from the client, either API.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Request {
+    /// `type_url`.
+    pub type_url: String,
+    /// SotW `version_info`: the version the client has accepted. Empty in Delta.
+    pub version_info: String,
+    /// `response_nonce`: which push this answers; empty on a new subscription.
+    pub response_nonce: String,
+    /// `node`, when sent.
+    pub node: Option<Node>,
+    /// `error_detail`: set on a NACK.
+    pub error_detail: Option<ErrorDetail>,
+    /// SotW `resource_names`, or Delta `resource_names_subscribe`.
+    pub resource_names: Vec<String>,
+    /// Delta `resource_names_unsubscribe`.
+    pub unsubscribe: Vec<String>,
+    /// Delta `initial_resource_versions` (name, version), sent after a reconnect.
+    pub initial_resource_versions: Vec<(String, String)>,
+}
+
+/// A response from the control plane, either API.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Response {
+    /// `type_url`.
+    pub type_url: String,
+    /// SotW `version_info`, or Delta `system_version_info`.
+    pub version_info: String,
+    /// `nonce`.
+    pub nonce: String,
+    /// The resources, names and digests only.
+    pub resources: Vec<ResourceRef>,
+    /// Delta `removed_resources` and `removed_resource_names`.
+    pub removed: Vec<String>,
+    /// `control_plane.identifier`.
+    pub control_plane: Option<String>,
+    /// Size of the message body, bytes.
+    pub bytes: u64,
+}
+
+/// A decoded xDS message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Message {
+    /// Client to control plane.
+    Request(Request),
+    /// Control plane to client.
+    Response(Response),
+}
+
+/// Short name of a well-known type, for span names and tables (`CDS`, `EDS`, ...).
+pub fn short_type(type_url: &str) -> &str {
+    match type_url.rsplit('/').next().unwrap_or(type_url) {
+        "envoy.config.cluster.v3.Cluster" => "CDS",
+        "envoy.config.endpoint.v3.ClusterLoadAssignment" => "EDS",
+        "envoy.config.endpoint.v3.LbEndpoint" => "LEDS",
+        "envoy.config.listener.v3.Listener" => "LDS",
+        "envoy.config.route.v3.RouteConfiguration" => "RDS",
+        "envoy.config.route.v3.ScopedRouteConfiguration" => "SRDS",
+        "envoy.config.route.v3.VirtualHost" => "VHDS",
+        "envoy.extensions.transport_sockets.tls.v3.Secret" => "SDS",
+        "envoy.service.runtime.v3.Runtime" => "RTDS",
+        "envoy.config.core.v3.TypedExtensionConfig" => "ECDS",
+        other => other,
+    }
+}
+
+/// Whether resources of this type carry secrets (names only, ever).
+pub fn is_secret(type_url: &str) -> bool {
+    type_url.ends_with("envoy.extensions.transport_sockets.tls.v3.Secret")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_paths() {
+        let ads = Method::classify("/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources").unwrap();
+        assert_eq!((ads.api, ads.unary), (Api::Sotw, false));
+        let delta = Method::classify("/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources").unwrap();
+        assert_eq!(delta.api, Api::Delta);
+        let cds = Method::classify("/envoy.service.cluster.v3.ClusterDiscoveryService/FetchClusters").unwrap();
+        assert!(cds.unary);
+        let eds = Method::classify("/envoy.service.endpoint.v3.EndpointDiscoveryService/DeltaEndpoints").unwrap();
+        assert_eq!(eds.api, Api::Delta);
+        assert!(Method::classify("/istio.v1.auth.IstioCertificateService/CreateCertificate").is_none());
+        assert!(Method::classify("/grpc.health.v1.Health/Check").is_none());
+        assert!(Method::classify("garbage").is_none());
+        assert_eq!(short_type("type.googleapis.com/envoy.config.cluster.v3.Cluster"), "CDS");
+    }
+}

@@ -1,0 +1,470 @@
+//! A streaming protobuf scanner for the four xDS messages. Bytes are fed in the slices they
+//! arrive in; only the fields we need are kept (strings capped), every resource is reduced to
+//! its name and a digest of its bytes as they stream past. Memory does not grow with message
+//! size: a 100 MiB push costs its resource names, not 100 MiB. No I/O, no allocation per byte.
+//!
+//! Field numbers (envoy data-plane-api, `envoy/service/discovery/v3/discovery.proto`):
+//! DiscoveryRequest 1 version_info, 2 node, 3 resource_names, 4 type_url, 5 response_nonce,
+//! 6 error_detail; DiscoveryResponse 1 version_info, 2 resources, 4 type_url, 5 nonce,
+//! 6 control_plane; DeltaDiscoveryRequest 1 node, 2 type_url, 3 subscribe, 4 unsubscribe,
+//! 5 initial_resource_versions, 6 response_nonce, 7 error_detail; DeltaDiscoveryResponse
+//! 1 system_version_info, 2 resources, 4 type_url, 5 nonce, 6 removed_resources,
+//! 7 control_plane, 8 removed_resource_names; Resource 1 version, 2 resource, 3 name;
+//! Node 1 id, 2 cluster, 6 user_agent_name, 7 user_agent_version; Status 1 code, 2 message.
+
+use xxhash_rust::xxh3::Xxh3;
+
+use super::{Api, ErrorDetail, Message, Node, Request, ResourceRef, Response};
+
+/// The `type_url` of the `Resource` wrapper, which SotW responses may carry too.
+pub const RESOURCE_WRAPPER: &str = "type.googleapis.com/envoy.service.discovery.v3.Resource";
+
+const MAX_STRING: usize = 4096;
+const MAX_ERROR_MESSAGE: usize = 64 * 1024;
+const MAX_DEPTH: usize = 8;
+
+/// Why a message could not be decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ScanError {
+    /// A varint longer than 10 bytes.
+    #[error("malformed varint")]
+    Varint,
+    /// Wire type 3, 4, 6 or 7.
+    #[error("unsupported wire type {0}")]
+    WireType(u8),
+    /// A length-delimited field runs past its enclosing message.
+    #[error("field length past the end of its message")]
+    Length,
+    /// The message ended in the middle of a field.
+    #[error("message truncated")]
+    Truncated,
+    /// Nesting deeper than we ever descend (cannot happen with our schema).
+    #[error("nesting too deep")]
+    Depth,
+}
+
+/// Which message a scanner decodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Client to control plane.
+    Request(Api),
+    /// Control plane to client.
+    Response(Api),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Msg {
+    Request,
+    Response,
+    DeltaRequest,
+    DeltaResponse,
+    Node,
+    Status,
+    ControlPlane,
+    /// `google.protobuf.Any` in a response's `resources`.
+    Any,
+    /// `Resource` wrapper (Delta resources, or a SotW Any holding one).
+    Wrapper,
+    /// The `Any` inside a wrapper.
+    InnerAny,
+    /// The resource itself: only field 1 (its name) is read; all bytes are digested.
+    Body,
+    /// A map entry of `initial_resource_versions`.
+    MapEntry,
+    /// `ResourceName` of `removed_resource_names`.
+    ResourceName,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slot {
+    Version,
+    ResourceName,
+    TypeUrl,
+    Nonce,
+    Unsubscribe,
+    Removed,
+    NodeId,
+    NodeCluster,
+    UserAgentName,
+    UserAgentVersion,
+    StatusMessage,
+    ControlPlaneId,
+    AnyTypeUrl,
+    WrapperVersion,
+    WrapperName,
+    BodyName,
+    MapKey,
+    MapValue,
+    RemovedName,
+}
+
+enum Action {
+    Capture(Slot),
+    Descend(Msg),
+    Skip,
+}
+
+#[derive(Debug)]
+enum State {
+    Tag { value: u64, shift: u32 },
+    Varint { field: u32, value: u64, shift: u32 },
+    Len { field: u32, value: u64, shift: u32 },
+    Capture { slot: Slot, left: u64, cap: usize },
+    Skip { left: u64 },
+}
+
+const FRESH: State = State::Tag { value: 0, shift: 0 };
+
+struct Frame {
+    msg: Msg,
+    end: u64,
+}
+
+/// Decodes one message, fed in pieces.
+pub struct Scanner {
+    kind: Kind,
+    stack: Vec<Frame>,
+    state: State,
+    pos: u64,
+    buf: Vec<u8>,
+    error: Option<ScanError>,
+    // What we build.
+    req: Request,
+    resp: Response,
+    node: Option<Node>,
+    status: Option<ErrorDetail>,
+    current: Option<ResourceRef>,
+    any_type: String,
+    hasher: Option<Xxh3>,
+    map_key: String,
+    map_value: String,
+}
+
+impl Scanner {
+    /// A scanner for one message of `kind`; `len` is its length when known (uncompressed), else
+    /// `None` (the message ends when [`finish`](Self::finish) is called).
+    pub fn new(kind: Kind, len: Option<u64>) -> Self {
+        let msg = match kind {
+            Kind::Request(Api::Sotw) => Msg::Request,
+            Kind::Request(Api::Delta) => Msg::DeltaRequest,
+            Kind::Response(Api::Sotw) => Msg::Response,
+            Kind::Response(Api::Delta) => Msg::DeltaResponse,
+        };
+        let mut stack = Vec::with_capacity(MAX_DEPTH);
+        stack.push(Frame { msg, end: len.unwrap_or(u64::MAX) });
+        Scanner {
+            kind,
+            stack,
+            state: FRESH,
+            pos: 0,
+            buf: Vec::new(),
+            error: None,
+            req: Request::default(),
+            resp: Response::default(),
+            node: None,
+            status: None,
+            current: None,
+            any_type: String::new(),
+            hasher: None,
+            map_key: String::new(),
+            map_value: String::new(),
+        }
+    }
+
+    /// Bytes seen so far.
+    pub fn position(&self) -> u64 {
+        self.pos
+    }
+
+    /// Feeds the next piece. After an error the rest is ignored and `finish` reports it.
+    pub fn feed(&mut self, data: &[u8]) {
+        if self.error.is_some() {
+            self.pos += data.len() as u64;
+            return;
+        }
+        if let Err(e) = self.feed_inner(data) {
+            self.error = Some(e);
+        }
+    }
+
+    fn feed_inner(&mut self, data: &[u8]) -> Result<(), ScanError> {
+        let mut i = 0;
+        while i < data.len() {
+            if matches!(self.state, State::Tag { shift: 0, .. }) {
+                self.pop_finished();
+            }
+            let top = self.stack.last().ok_or(ScanError::Length)?;
+            if top.end == self.pos {
+                return Err(ScanError::Length);
+            }
+            let hashing = top.msg == Msg::Body;
+            let frame_left = top.end - self.pos;
+            let start = i;
+            match &mut self.state {
+                State::Tag { value, shift } | State::Varint { value, shift, .. } | State::Len { value, shift, .. } => {
+                    let b = data[i];
+                    i += 1;
+                    self.pos += 1;
+                    if *shift >= 64 {
+                        return Err(ScanError::Varint);
+                    }
+                    *value |= ((b & 0x7f) as u64) << *shift;
+                    *shift += 7;
+                    if b & 0x80 == 0 {
+                        let v = *value;
+                        self.varint_done(v)?;
+                    }
+                }
+                State::Capture { slot, left, cap } => {
+                    let n = (*left).min((data.len() - i) as u64).min(frame_left) as usize;
+                    let take = n.min(cap.saturating_sub(self.buf.len()));
+                    self.buf.extend_from_slice(&data[i..i + take]);
+                    *left -= n as u64;
+                    i += n;
+                    self.pos += n as u64;
+                    if *left == 0 {
+                        let slot = *slot;
+                        self.state = FRESH;
+                        let text = String::from_utf8_lossy(&self.buf).into_owned();
+                        self.buf.clear();
+                        self.captured(slot, text);
+                    }
+                }
+                State::Skip { left } => {
+                    let n = (*left).min((data.len() - i) as u64).min(frame_left) as usize;
+                    *left -= n as u64;
+                    i += n;
+                    self.pos += n as u64;
+                    if *left == 0 {
+                        self.state = FRESH;
+                    }
+                }
+            }
+            if hashing {
+                if let Some(h) = &mut self.hasher {
+                    h.update(&data[start..i]);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A varint finished: a tag, a varint field value, or a length.
+    fn varint_done(&mut self, v: u64) -> Result<(), ScanError> {
+        match std::mem::replace(&mut self.state, FRESH) {
+            State::Tag { .. } => {
+                let field = (v >> 3) as u32;
+                self.state = match (v & 7) as u8 {
+                    0 => State::Varint { field, value: 0, shift: 0 },
+                    1 => State::Skip { left: 8 },
+                    2 => State::Len { field, value: 0, shift: 0 },
+                    5 => State::Skip { left: 4 },
+                    w => return Err(ScanError::WireType(w)),
+                };
+            }
+            State::Varint { field, .. } => {
+                if self.top() == Msg::Status && field == 1 {
+                    self.status.get_or_insert_with(Default::default).code = v as i32;
+                }
+            }
+            State::Len { field, .. } => {
+                let end = self.pos.checked_add(v).ok_or(ScanError::Length)?;
+                if end > self.stack.last().map_or(0, |f| f.end) {
+                    return Err(ScanError::Length);
+                }
+                match self.action(field) {
+                    Action::Descend(msg) => {
+                        if self.stack.len() >= MAX_DEPTH {
+                            return Err(ScanError::Depth);
+                        }
+                        self.stack.push(Frame { msg, end });
+                        self.begin(msg);
+                    }
+                    Action::Capture(slot) if v > 0 => {
+                        let cap = if slot == Slot::StatusMessage { MAX_ERROR_MESSAGE } else { MAX_STRING };
+                        self.state = State::Capture { slot, left: v, cap };
+                    }
+                    Action::Capture(slot) => self.captured(slot, String::new()),
+                    Action::Skip if v > 0 => self.state = State::Skip { left: v },
+                    Action::Skip => {}
+                }
+            }
+            other => self.state = other,
+        }
+        Ok(())
+    }
+
+    fn top(&self) -> Msg {
+        self.stack.last().map_or(Msg::Body, |f| f.msg)
+    }
+
+    /// What to do with length-delimited field `field` of the current message.
+    fn action(&self, field: u32) -> Action {
+        use Action::{Capture as C, Descend as D};
+        match (self.top(), field) {
+            (Msg::Request, 1) => C(Slot::Version),
+            (Msg::Request, 2) | (Msg::DeltaRequest, 1) => D(Msg::Node),
+            (Msg::Request, 3) | (Msg::DeltaRequest, 3) => C(Slot::ResourceName),
+            (Msg::Request, 4) | (Msg::DeltaRequest, 2) => C(Slot::TypeUrl),
+            (Msg::Request, 5) | (Msg::DeltaRequest, 6) => C(Slot::Nonce),
+            (Msg::Request, 6) | (Msg::DeltaRequest, 7) => D(Msg::Status),
+            (Msg::DeltaRequest, 4) => C(Slot::Unsubscribe),
+            (Msg::DeltaRequest, 5) => D(Msg::MapEntry),
+            (Msg::Response, 1) | (Msg::DeltaResponse, 1) => C(Slot::Version),
+            (Msg::Response, 2) => D(Msg::Any),
+            (Msg::DeltaResponse, 2) => D(Msg::Wrapper),
+            (Msg::Response, 4) | (Msg::DeltaResponse, 4) => C(Slot::TypeUrl),
+            (Msg::Response, 5) | (Msg::DeltaResponse, 5) => C(Slot::Nonce),
+            (Msg::Response, 6) | (Msg::DeltaResponse, 7) => D(Msg::ControlPlane),
+            (Msg::DeltaResponse, 6) => C(Slot::Removed),
+            (Msg::DeltaResponse, 8) => D(Msg::ResourceName),
+            (Msg::Node, 1) => C(Slot::NodeId),
+            (Msg::Node, 2) => C(Slot::NodeCluster),
+            (Msg::Node, 6) => C(Slot::UserAgentName),
+            (Msg::Node, 7) => C(Slot::UserAgentVersion),
+            (Msg::Status, 2) => C(Slot::StatusMessage),
+            (Msg::ControlPlane, 1) => C(Slot::ControlPlaneId),
+            (Msg::Any, 1) | (Msg::InnerAny, 1) => C(Slot::AnyTypeUrl),
+            (Msg::Any, 2) if self.any_type == RESOURCE_WRAPPER => D(Msg::Wrapper),
+            (Msg::Any, 2) | (Msg::InnerAny, 2) => D(Msg::Body),
+            (Msg::Wrapper, 1) => C(Slot::WrapperVersion),
+            (Msg::Wrapper, 2) => D(Msg::InnerAny),
+            (Msg::Wrapper, 3) => C(Slot::WrapperName),
+            (Msg::Body, 1) => C(Slot::BodyName),
+            (Msg::MapEntry, 1) => C(Slot::MapKey),
+            (Msg::MapEntry, 2) => C(Slot::MapValue),
+            (Msg::ResourceName, 1) => C(Slot::RemovedName),
+            _ => Action::Skip,
+        }
+    }
+
+    fn begin(&mut self, msg: Msg) {
+        match msg {
+            Msg::Any => {
+                self.any_type.clear();
+                self.current = Some(ResourceRef::default());
+            }
+            Msg::Wrapper if self.current.is_none() => self.current = Some(ResourceRef::default()),
+            Msg::InnerAny => self.any_type.clear(),
+            Msg::Body => self.hasher = Some(Xxh3::new()),
+            Msg::Node => self.node = Some(Node::default()),
+            Msg::Status => {
+                self.status.get_or_insert_with(Default::default);
+            }
+            Msg::MapEntry => {
+                self.map_key.clear();
+                self.map_value.clear();
+            }
+            _ => {}
+        }
+    }
+
+    fn end(&mut self, msg: Msg) {
+        match msg {
+            Msg::Body => {
+                if let (Some(h), Some(r)) = (self.hasher.take(), self.current.as_mut()) {
+                    r.digest = h.digest();
+                }
+            }
+            Msg::Any | Msg::Wrapper => {
+                // A wrapper inside an Any ends first; the Any (or a Delta wrapper) completes it.
+                let outer = matches!(msg, Msg::Any) || self.top() == Msg::DeltaResponse;
+                if outer {
+                    if let Some(r) = self.current.take() {
+                        self.resp.resources.push(r);
+                    }
+                }
+            }
+            Msg::MapEntry => self.req.initial_resource_versions.push((
+                std::mem::take(&mut self.map_key),
+                std::mem::take(&mut self.map_value),
+            )),
+            _ => {}
+        }
+    }
+
+    fn pop_finished(&mut self) {
+        while self.stack.len() > 1 && self.stack.last().is_some_and(|f| f.end == self.pos) {
+            let frame = self.stack.pop().expect("checked non-empty");
+            self.end(frame.msg);
+        }
+    }
+
+    fn captured(&mut self, slot: Slot, text: String) {
+        let is_request = matches!(self.kind, Kind::Request(_));
+        match slot {
+            Slot::Version if is_request => self.req.version_info = text,
+            Slot::Version => self.resp.version_info = text,
+            Slot::TypeUrl if is_request => self.req.type_url = text,
+            Slot::TypeUrl => self.resp.type_url = text,
+            Slot::Nonce if is_request => self.req.response_nonce = text,
+            Slot::Nonce => self.resp.nonce = text,
+            Slot::ResourceName => self.req.resource_names.push(text),
+            Slot::Unsubscribe => self.req.unsubscribe.push(text),
+            Slot::Removed | Slot::RemovedName => self.resp.removed.push(text),
+            Slot::NodeId => self.node.get_or_insert_with(Default::default).id = text,
+            Slot::NodeCluster => self.node.get_or_insert_with(Default::default).cluster = text,
+            Slot::UserAgentName | Slot::UserAgentVersion => {
+                let node = self.node.get_or_insert_with(Default::default);
+                if !node.user_agent.is_empty() {
+                    node.user_agent.push(' ');
+                }
+                node.user_agent.push_str(&text);
+            }
+            Slot::StatusMessage => self.status.get_or_insert_with(Default::default).message = text,
+            Slot::ControlPlaneId => self.resp.control_plane = Some(text),
+            Slot::AnyTypeUrl => self.any_type = text,
+            Slot::WrapperVersion => {
+                if let Some(r) = self.current.as_mut() {
+                    r.version = Some(text);
+                }
+            }
+            Slot::WrapperName => {
+                if let Some(r) = self.current.as_mut() {
+                    r.name = text;
+                }
+            }
+            Slot::BodyName => {
+                if let Some(r) = self.current.as_mut() {
+                    if r.name.is_empty() {
+                        r.name = text;
+                    }
+                }
+            }
+            Slot::MapKey => self.map_key = text,
+            Slot::MapValue => self.map_value = text,
+        }
+    }
+
+    /// The message is complete: returns what was decoded.
+    pub fn finish(mut self) -> Result<Message, ScanError> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        if !matches!(self.state, State::Tag { shift: 0, .. }) {
+            return Err(ScanError::Truncated);
+        }
+        let end = self.stack[0].end;
+        if end != u64::MAX && end != self.pos {
+            return Err(ScanError::Truncated);
+        }
+        self.stack[0].end = self.pos;
+        self.pop_finished();
+        if self.stack.len() > 1 {
+            return Err(ScanError::Truncated);
+        }
+        Ok(match self.kind {
+            Kind::Request(_) => {
+                let mut req = self.req;
+                req.node = self.node;
+                req.error_detail = self.status;
+                Message::Request(req)
+            }
+            Kind::Response(_) => {
+                let mut resp = self.resp;
+                resp.bytes = self.pos;
+                Message::Response(resp)
+            }
+        })
+    }
+}

@@ -235,7 +235,13 @@ pub struct Correlator {
 impl Correlator {
     /// A correlator for a new stream.
     pub fn new(api: Api, stream: StreamContext) -> Self {
-        Correlator { stream: Arc::new(stream), api, node: None, types: HashMap::new(), unmatched_answers: 0 }
+        Correlator {
+            stream: Arc::new(stream),
+            api,
+            node: None,
+            types: HashMap::new(),
+            unmatched_answers: 0,
+        }
     }
 
     /// The node, once a request carried one.
@@ -244,7 +250,12 @@ impl Correlator {
     }
 
     fn context(&self, type_url: &str, time: Timestamp) -> Context {
-        Context { stream: self.stream.clone(), node: self.node.clone(), type_url: type_url.into(), time }
+        Context {
+            stream: self.stream.clone(),
+            node: self.node.clone(),
+            type_url: type_url.into(),
+            time,
+        }
     }
 
     /// A request from the client.
@@ -264,11 +275,22 @@ impl Correlator {
             let names_changed = state.names != req.resource_names;
             if first {
                 if api == Api::Sotw && !req.version_info.is_empty() {
-                    out.push(Event::Resubscribe { at, version: req.version_info, versions: vec![] });
+                    out.push(Event::Resubscribe {
+                        at,
+                        version: req.version_info,
+                        versions: vec![],
+                    });
                 } else if api == Api::Delta && !req.initial_resource_versions.is_empty() {
-                    out.push(Event::Resubscribe { at, version: String::new(), versions: req.initial_resource_versions });
+                    out.push(Event::Resubscribe {
+                        at,
+                        version: String::new(),
+                        versions: req.initial_resource_versions,
+                    });
                 } else {
-                    out.push(Event::Subscribe { at, names: req.resource_names.clone() });
+                    out.push(Event::Subscribe {
+                        at,
+                        names: req.resource_names.clone(),
+                    });
                 }
             } else if api == Api::Delta || names_changed {
                 out.push(Event::SubscriptionChange {
@@ -288,7 +310,11 @@ impl Correlator {
             let push = state.pending.remove(index).expect("index from position");
             let (verdict, client_version) = match req.error_detail {
                 None => {
-                    let digests: HashMap<String, u64> = push.resources.iter().map(|r| (r.name.clone(), r.digest)).collect();
+                    let digests: HashMap<String, u64> = push
+                        .resources
+                        .iter()
+                        .map(|r| (r.name.clone(), r.digest))
+                        .collect();
                     match (api, state.accepted.as_mut()) {
                         (Api::Delta, Some(acc)) => {
                             for n in &push.removed {
@@ -301,8 +327,16 @@ impl Correlator {
                     (Verdict::Ack, req.version_info)
                 }
                 Some(error) => {
-                    let (suspects, changed) = blame(api, &push, state.accepted.as_ref(), &error.message);
-                    (Verdict::Nack { error, suspects, changed }, req.version_info)
+                    let (suspects, changed) =
+                        blame(api, &push, state.accepted.as_ref(), &error.message);
+                    (
+                        Verdict::Nack {
+                            error,
+                            suspects,
+                            changed,
+                        },
+                        req.version_info,
+                    )
                 }
             };
             remember(&mut state.answered, nonce);
@@ -311,15 +345,40 @@ impl Correlator {
                 state.names = req.resource_names.clone();
             }
             let client_version = (api == Api::Sotw).then_some(client_version);
-            out.push(Event::Verdict { at: at.clone(), push, verdict, decided_at: now, client_version });
+            out.push(Event::Verdict {
+                at: at.clone(),
+                push,
+                verdict,
+                decided_at: now,
+                client_version,
+            });
             if names_changed {
-                out.push(Event::SubscriptionChange { at, names: req.resource_names, unsubscribed: vec![] });
-            } else if api == Api::Delta && (!req.resource_names.is_empty() || !req.unsubscribe.is_empty()) {
-                out.push(Event::SubscriptionChange { at, names: req.resource_names, unsubscribed: req.unsubscribe });
+                out.push(Event::SubscriptionChange {
+                    at,
+                    names: req.resource_names,
+                    unsubscribed: vec![],
+                });
+            } else if api == Api::Delta
+                && (!req.resource_names.is_empty() || !req.unsubscribe.is_empty())
+            {
+                out.push(Event::SubscriptionChange {
+                    at,
+                    names: req.resource_names,
+                    unsubscribed: req.unsubscribe,
+                });
             }
         } else if state.superseded.contains(&nonce) {
-            let pending_nonce = state.pending.back().map(|p| p.nonce.clone()).unwrap_or_default();
-            out.push(Event::StaleAnswer { at, nonce, pending_nonce, nack: req.error_detail.is_some() });
+            let pending_nonce = state
+                .pending
+                .back()
+                .map(|p| p.nonce.clone())
+                .unwrap_or_default();
+            out.push(Event::StaleAnswer {
+                at,
+                nonce,
+                pending_nonce,
+                nack: req.error_detail.is_some(),
+            });
             if api == Api::Sotw {
                 state.names = req.resource_names;
             }
@@ -363,7 +422,9 @@ impl Correlator {
                 out.push(Event::Verdict {
                     at: at.clone(),
                     push: old,
-                    verdict: Verdict::Superseded { by_nonce: push.nonce.clone() },
+                    verdict: Verdict::Superseded {
+                        by_nonce: push.nonce.clone(),
+                    },
                     decided_at: now,
                     client_version: None,
                 });
@@ -375,7 +436,9 @@ impl Correlator {
                     push: old,
                     verdict: Verdict::Unanswered {
                         grpc_status: None,
-                        message: format!("more than {MAX_PENDING} pushes pending; gave up on the oldest"),
+                        message: format!(
+                            "more than {MAX_PENDING} pushes pending; gave up on the oldest"
+                        ),
                     },
                     decided_at: now,
                     client_version: None,
@@ -387,7 +450,13 @@ impl Correlator {
     }
 
     /// The stream ended: every pending push is unanswered.
-    pub fn on_stream_end(&mut self, grpc_status: Option<i32>, message: &str, now: Timestamp, out: &mut Vec<Event>) {
+    pub fn on_stream_end(
+        &mut self,
+        grpc_status: Option<i32>,
+        message: &str,
+        now: Timestamp,
+        out: &mut Vec<Event>,
+    ) {
         let mut types: Vec<_> = self.types.keys().cloned().collect();
         types.sort();
         for type_url in types {
@@ -397,7 +466,10 @@ impl Correlator {
                 out.push(Event::Verdict {
                     at: at.clone(),
                     push,
-                    verdict: Verdict::Unanswered { grpc_status, message: message.into() },
+                    verdict: Verdict::Unanswered {
+                        grpc_status,
+                        message: message.into(),
+                    },
                     decided_at: now,
                     client_version: None,
                 });
@@ -407,7 +479,12 @@ impl Correlator {
 }
 
 /// NACK blame: what changed since the last accepted state, and which of those the error names.
-fn blame(api: Api, push: &Push, accepted: Option<&HashMap<String, u64>>, message: &str) -> (Vec<String>, Vec<String>) {
+fn blame(
+    api: Api,
+    push: &Push,
+    accepted: Option<&HashMap<String, u64>>,
+    message: &str,
+) -> (Vec<String>, Vec<String>) {
     let mut changed: Vec<String> = Vec::new();
     for r in &push.resources {
         if accepted.and_then(|a| a.get(&r.name)) != Some(&r.digest) {
@@ -417,7 +494,10 @@ fn blame(api: Api, push: &Push, accepted: Option<&HashMap<String, u64>>, message
     match api {
         Api::Sotw => {
             if let Some(acc) = accepted {
-                let mut removed: Vec<&String> = acc.keys().filter(|n| !push.resources.iter().any(|r| &r.name == *n)).collect();
+                let mut removed: Vec<&String> = acc
+                    .keys()
+                    .filter(|n| !push.resources.iter().any(|r| &r.name == *n))
+                    .collect();
                 removed.sort();
                 changed.extend(removed.into_iter().cloned());
             }
@@ -433,7 +513,11 @@ fn blame(api: Api, push: &Push, accepted: Option<&HashMap<String, u64>>, message
         .cloned()
         .collect();
     named.dedup();
-    let suspects = if named.is_empty() { changed.clone() } else { named };
+    let suspects = if named.is_empty() {
+        changed.clone()
+    } else {
+        named
+    };
     (suspects, changed)
 }
 
@@ -451,7 +535,10 @@ pub fn mentions(message: &str, name: &str) -> bool {
         let boundary_after = match after {
             None => true,
             // A trailing '.' ends a sentence, it does not extend the name.
-            Some('.') => message[at + name.len() + 1..].chars().next().is_none_or(|c| !word(c)),
+            Some('.') => message[at + name.len() + 1..]
+                .chars()
+                .next()
+                .is_none_or(|c| !word(c)),
             Some(c) => !word(c),
         };
         if before.is_none_or(|c| !word(c)) && boundary_after {

@@ -48,7 +48,12 @@ pub struct Deframer {
 
 impl Default for Deframer {
     fn default() -> Self {
-        Deframer { state: State::Header { buf: [0; 5], have: 0 } }
+        Deframer {
+            state: State::Header {
+                buf: [0; 5],
+                have: 0,
+            },
+        }
     }
 }
 
@@ -89,10 +94,16 @@ impl Deframer {
                             return Err(FramingError { flag });
                         }
                         let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]);
-                        on_event(Event::Start { compressed: flag == 1, len });
+                        on_event(Event::Start {
+                            compressed: flag == 1,
+                            len,
+                        });
                         if len == 0 {
                             on_event(Event::End);
-                            self.state = State::Header { buf: [0; 5], have: 0 };
+                            self.state = State::Header {
+                                buf: [0; 5],
+                                have: 0,
+                            };
                         } else {
                             self.state = State::Body { left: len };
                         }
@@ -105,7 +116,10 @@ impl Deframer {
                     chunk = &chunk[n..];
                     if *left == 0 {
                         on_event(Event::End);
-                        self.state = State::Header { buf: [0; 5], have: 0 };
+                        self.state = State::Header {
+                            buf: [0; 5],
+                            have: 0,
+                        };
                     }
                 }
             }
@@ -189,7 +203,12 @@ mod tests {
             Event::End => panic!("cannot end"),
         })
         .unwrap();
-        d.feed(&[1; 1000], &mut |e| if let Event::Body(b) = e { body += b.len() }).unwrap();
+        d.feed(&[1; 1000], &mut |e| {
+            if let Event::Body(b) = e {
+                body += b.len()
+            }
+        })
+        .unwrap();
         assert_eq!(started, Some(u32::MAX));
         assert_eq!(body, 1000);
         assert!(d.is_mid_message());

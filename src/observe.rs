@@ -84,7 +84,17 @@ impl Sink for LogSink {
         let node = at.node.as_ref().map(|n| n.id.as_str()).unwrap_or("");
         let short = short_type(&at.type_url);
         match event {
-            Event::Verdict { push, verdict: Verdict::Nack { error, suspects, changed }, client_version, .. } => {
+            Event::Verdict {
+                push,
+                verdict:
+                    Verdict::Nack {
+                        error,
+                        suspects,
+                        changed,
+                    },
+                client_version,
+                ..
+            } => {
                 tracing::warn!(
                     xds.node = node,
                     xds.type_url = %at.type_url,
@@ -99,7 +109,12 @@ impl Sink for LogSink {
                     "{short} push NACKed",
                 );
             }
-            Event::Verdict { push, verdict, decided_at, .. } => {
+            Event::Verdict {
+                push,
+                verdict,
+                decided_at,
+                ..
+            } => {
                 tracing::debug!(
                     xds.node = node,
                     xds.type_url = %at.type_url,
@@ -112,7 +127,12 @@ impl Sink for LogSink {
                     verdict.name(),
                 );
             }
-            Event::StaleAnswer { nonce, pending_nonce, nack, .. } => {
+            Event::StaleAnswer {
+                nonce,
+                pending_nonce,
+                nack,
+                ..
+            } => {
                 tracing::debug!(xds.node = node, xds.type_url = %at.type_url, xds.nonce = %nonce,
                     xds.pending_nonce = %pending_nonce, nack, "{short} stale answer");
             }
@@ -131,12 +151,20 @@ pub struct Recorder {
 impl Recorder {
     /// A recorder of the last `capacity` events.
     pub fn new(capacity: usize) -> Self {
-        Recorder { events: Arc::default(), capacity }
+        Recorder {
+            events: Arc::default(),
+            capacity,
+        }
     }
 
     /// A copy of the events held.
     pub fn events(&self) -> Vec<Event> {
-        self.events.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect()
+        self.events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
     }
 }
 

@@ -30,21 +30,35 @@ pub struct Tap {
 impl Tap {
     /// A tap that sends events to `events`.
     pub fn new(events: EventSender, stats: Arc<TapStats>, decode_limit: u64) -> Self {
-        Tap { events, stats, decode_limit }
+        Tap {
+            events,
+            stats,
+            decode_limit,
+        }
     }
 }
 
 /// Wall-clock now, for event timestamps.
 pub fn now() -> Timestamp {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 impl Observe for Tap {
     fn on_stream(&self, info: &StreamInfo<'_>) -> Box<dyn StreamObserver> {
         let Some(method) = Method::classify(info.path) else {
-            return Box::new(Counting { id: info.id, path: info.path.into(), counts: [Count::default(); 2] });
+            return Box::new(Counting {
+                id: info.id,
+                path: info.path.into(),
+                counts: [Count::default(); 2],
+            });
         };
-        let encoding = info.headers.get("grpc-encoding").and_then(|v| v.to_str().ok()).map(String::from);
+        let encoding = info
+            .headers
+            .get("grpc-encoding")
+            .and_then(|v| v.to_str().ok())
+            .map(String::from);
         let context = StreamContext {
             stream_id: info.id,
             api: Some(method.api),
@@ -56,7 +70,10 @@ impl Observe for Tap {
         Box::new(XdsStream {
             correlator: Correlator::new(method.api, context),
             method,
-            request: Half { encoding, ..Half::default() },
+            request: Half {
+                encoding,
+                ..Half::default()
+            },
             response: Half::default(),
             events: self.events.clone(),
             stats: self.stats.clone(),
@@ -148,10 +165,22 @@ impl StreamObserver for XdsStream {
         half.count.bytes += chunk.len() as u64;
         let limit = self.limit;
         let mut finished: Vec<Result<Message, DecodeError>> = Vec::new();
-        let Half { deframer, decoder, encoding, count, .. } = half;
+        let Half {
+            deframer,
+            decoder,
+            encoding,
+            count,
+            ..
+        } = half;
         let framed = deframer.feed(chunk, &mut |frame| match frame {
             Frame::Start { compressed, len } => {
-                *decoder = Some(MessageDecoder::new(kind, len, compressed, encoding.as_deref(), limit));
+                *decoder = Some(MessageDecoder::new(
+                    kind,
+                    len,
+                    compressed,
+                    encoding.as_deref(),
+                    limit,
+                ));
             }
             Frame::Body(b) => {
                 if let Some(d) = decoder.as_mut() {
@@ -195,7 +224,10 @@ impl StreamObserver for XdsStream {
     }
 
     fn on_response_headers(&mut self, headers: &HeaderMap) {
-        self.response.encoding = headers.get("grpc-encoding").and_then(|v| v.to_str().ok()).map(String::from);
+        self.response.encoding = headers
+            .get("grpc-encoding")
+            .and_then(|v| v.to_str().ok())
+            .map(String::from);
         self.read_status(headers);
     }
 
@@ -207,11 +239,17 @@ impl StreamObserver for XdsStream {
 
     fn on_end(&mut self, end: &StreamEnd) {
         let message = match end {
-            StreamEnd::Complete => self.grpc_message.clone().unwrap_or_else(|| "stream closed".into()),
-            StreamEnd::Reset { by, reason } => format!("reset by {} (HTTP/2 error code {reason})", side(*by)),
+            StreamEnd::Complete => self
+                .grpc_message
+                .clone()
+                .unwrap_or_else(|| "stream closed".into()),
+            StreamEnd::Reset { by, reason } => {
+                format!("reset by {} (HTTP/2 error code {reason})", side(*by))
+            }
             StreamEnd::Failed { by, message } => format!("{} failed: {message}", side(*by)),
         };
-        self.correlator.on_stream_end(self.grpc_status, &message, now(), &mut self.pending);
+        self.correlator
+            .on_stream_end(self.grpc_status, &message, now(), &mut self.pending);
         self.flush();
         tracing::debug!(
             stream = self.correlator_id(),
@@ -234,7 +272,11 @@ fn side(s: Side) -> &'static str {
 
 impl XdsStream {
     fn read_status(&mut self, headers: &HeaderMap) {
-        if let Some(s) = headers.get("grpc-status").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()) {
+        if let Some(s) = headers
+            .get("grpc-status")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+        {
             self.grpc_status = Some(s);
         }
         if let Some(m) = headers.get("grpc-message").and_then(|v| v.to_str().ok()) {
@@ -260,4 +302,39 @@ fn percent_decode(s: &str) -> String {
         i += 1;
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A running observation pipeline: the observer to give the proxy, its counters, and the
+/// recorder of recent events.
+pub struct Pipeline {
+    /// The observer for [`crate::proxy::Proxy::new`].
+    pub tap: Arc<Tap>,
+    /// Counters.
+    pub stats: Arc<TapStats>,
+    /// The last events, for the status view and tests.
+    pub recorder: crate::observe::Recorder,
+}
+
+impl Pipeline {
+    /// Starts the queue-draining task (log lines, recorder, and `sinks`) on the current runtime.
+    pub fn start(
+        queue_capacity: usize,
+        decode_limit: u64,
+        sinks: Vec<Box<dyn crate::observe::Sink>>,
+    ) -> Pipeline {
+        let stats = Arc::new(TapStats::default());
+        let (events, rx) = crate::observe::queue(queue_capacity, stats.clone());
+        let recorder = crate::observe::Recorder::new(100_000);
+        let mut all: Vec<Box<dyn crate::observe::Sink>> = vec![
+            Box::new(crate::observe::LogSink),
+            Box::new(recorder.clone()),
+        ];
+        all.extend(sinks);
+        tokio::spawn(crate::observe::drain(rx, all));
+        Pipeline {
+            tap: Arc::new(Tap::new(events, stats.clone(), decode_limit)),
+            stats,
+            recorder,
+        }
+    }
 }

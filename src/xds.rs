@@ -56,7 +56,12 @@ impl Method {
         } else {
             return None;
         };
-        Some(Method { api, unary, service: service.into(), method: method.into() })
+        Some(Method {
+            api,
+            unary,
+            service: service.into(),
+            method: method.into(),
+        })
     }
 }
 
@@ -169,17 +174,32 @@ mod tests {
 
     #[test]
     fn classifies_paths() {
-        let ads = Method::classify("/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources").unwrap();
+        let ads = Method::classify(
+            "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources",
+        )
+        .unwrap();
         assert_eq!((ads.api, ads.unary), (Api::Sotw, false));
-        let delta = Method::classify("/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources").unwrap();
+        let delta = Method::classify(
+            "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources",
+        )
+        .unwrap();
         assert_eq!(delta.api, Api::Delta);
-        let cds = Method::classify("/envoy.service.cluster.v3.ClusterDiscoveryService/FetchClusters").unwrap();
+        let cds =
+            Method::classify("/envoy.service.cluster.v3.ClusterDiscoveryService/FetchClusters")
+                .unwrap();
         assert!(cds.unary);
-        let eds = Method::classify("/envoy.service.endpoint.v3.EndpointDiscoveryService/DeltaEndpoints").unwrap();
+        let eds =
+            Method::classify("/envoy.service.endpoint.v3.EndpointDiscoveryService/DeltaEndpoints")
+                .unwrap();
         assert_eq!(eds.api, Api::Delta);
-        assert!(Method::classify("/istio.v1.auth.IstioCertificateService/CreateCertificate").is_none());
+        assert!(
+            Method::classify("/istio.v1.auth.IstioCertificateService/CreateCertificate").is_none()
+        );
         assert!(Method::classify("/grpc.health.v1.Health/Check").is_none());
         assert!(Method::classify("garbage").is_none());
-        assert_eq!(short_type("type.googleapis.com/envoy.config.cluster.v3.Cluster"), "CDS");
+        assert_eq!(
+            short_type("type.googleapis.com/envoy.config.cluster.v3.Cluster"),
+            "CDS"
+        );
     }
 }

@@ -20,16 +20,30 @@ async fn run(delta: bool, unix: bool) {
         options.listen = Endpoint::Unix(dir.path().join("xds.sock"));
     }
     let tap = Tap::with(options).await;
-    let xds = if unix { Xds::Unix(dir.path().join("xds.sock")) } else { Xds::Tcp(tap.addr.clone()) };
+    let xds = if unix {
+        Xds::Unix(dir.path().join("xds.sock"))
+    } else {
+        Xds::Tcp(tap.addr.clone())
+    };
     let envoy = Envoy::start("node-fwd", xds, delta).await;
-    envoy.wait_stat("cluster_manager.cds.update_success", 1, 30).await;
-    envoy.wait_stat("listener_manager.lds.update_success", 1, 30).await;
+    envoy
+        .wait_stat("cluster_manager.cds.update_success", 1, 30)
+        .await;
+    envoy
+        .wait_stat("listener_manager.lds.update_success", 1, 30)
+        .await;
     let clusters = envoy.clusters().await;
     assert!(clusters.contains("a::"), "cluster a missing:\n{clusters}");
-    assert!(clusters.contains("b::127.0.0.1:9"), "cluster b endpoints missing:\n{clusters}");
+    assert!(
+        clusters.contains("b::127.0.0.1:9"),
+        "cluster b endpoints missing:\n{clusters}"
+    );
     assert!(support::tap::get(&tap.stats.streams_total) >= 1);
     assert!(cp.requests().iter().all(|r| r.delta == delta));
-    assert!(cp.requests().iter().any(|r| r.node.as_deref() == Some("node-fwd")));
+    assert!(cp
+        .requests()
+        .iter()
+        .any(|r| r.node.as_deref() == Some("node-fwd")));
 }
 
 #[tokio::test]

@@ -68,24 +68,31 @@ async fn mtls_on_both_sides_and_a_client_without_certificate_is_refused() {
     let tls = connector.connect(name, tcp).await.unwrap();
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
     let mut client = raw::client(tls).await;
-    let (_, data, trailers) = raw::exchange(&mut client, "/echo", Bytes::from_static(b"over tls")).await.unwrap();
+    let (_, data, trailers) = raw::exchange(&mut client, "/echo", Bytes::from_static(b"over tls"))
+        .await
+        .unwrap();
     assert_eq!(data, b"over tls");
     assert_eq!(trailers.unwrap().get("x-trailer").unwrap(), "t1");
     assert_eq!(log.lock().unwrap().len(), 1);
 
     // No client certificate: the handshake is refused (TLS 1.3 reports it on first read).
-    let no_cert = ClientTls { ca: Some(pki.ca.clone()), ..Default::default() };
+    let no_cert = ClientTls {
+        ca: Some(pki.ca.clone()),
+        ..Default::default()
+    };
     let (connector, name) = no_cert.connector(Some("localhost")).unwrap();
     let tcp = tokio::net::TcpStream::connect(&tap.addr).await.unwrap();
     let refused = match connector.connect(name, tcp).await {
         Err(_) => true,
-        Ok(tls) => h2::client::handshake(tls).await.is_err() || {
-            support::eventually(5, "handshake error counted", || {
-                (support::tap::get(&tap.stats.handshake_errors) > 0).then_some(())
-            })
-            .await;
-            true
-        },
+        Ok(tls) => {
+            h2::client::handshake(tls).await.is_err() || {
+                support::eventually(5, "handshake error counted", || {
+                    (support::tap::get(&tap.stats.handshake_errors) > 0).then_some(())
+                })
+                .await;
+                true
+            }
+        }
     };
     assert!(refused);
     support::eventually(5, "handshake error counted", || {
@@ -95,12 +102,23 @@ async fn mtls_on_both_sides_and_a_client_without_certificate_is_refused() {
 
     // A server certificate from another CA is not trusted by the tap's upstream side.
     let mut options = TapOptions::new(&upstream);
-    options.upstream_tls = Some(ClientTls { ca: Some(pki.other_ca.clone()), sni: Some("localhost".into()), ..Default::default() });
+    options.upstream_tls = Some(ClientTls {
+        ca: Some(pki.other_ca.clone()),
+        sni: Some("localhost".into()),
+        ..Default::default()
+    });
     let bad = Tap::with(options).await;
     let mut client = raw::client(tokio::net::TcpStream::connect(&bad.addr).await.unwrap()).await;
-    let (resp, _, _) = raw::exchange(&mut client, "/echo", Bytes::from_static(b"x")).await.unwrap();
+    let (resp, _, _) = raw::exchange(&mut client, "/echo", Bytes::from_static(b"x"))
+        .await
+        .unwrap();
     assert_eq!(resp.headers().get("grpc-status").unwrap(), "14");
-    let msg = resp.headers().get("grpc-message").unwrap().to_str().unwrap();
+    let msg = resp
+        .headers()
+        .get("grpc-message")
+        .unwrap()
+        .to_str()
+        .unwrap();
     assert!(msg.contains("TLS handshake failed"), "{msg}");
 }
 
@@ -115,10 +133,13 @@ async fn unix_sockets_on_both_sides() {
     let tap = Tap::with(options).await;
     assert_eq!(tap.addr, format!("unix:{}", listen_path.display()));
 
-    let mut client = raw::client(tokio::net::UnixStream::connect(&listen_path).await.unwrap()).await;
+    let mut client =
+        raw::client(tokio::net::UnixStream::connect(&listen_path).await.unwrap()).await;
     // A gRPC unary call to the tonic Echo service, framed by hand.
     let body = Bytes::from(xdstap::grpc::encode(b"over unix"));
-    let (resp, data, trailers) = raw::exchange(&mut client, support::echo::UNARY, body.clone()).await.unwrap();
+    let (resp, data, trailers) = raw::exchange(&mut client, support::echo::UNARY, body.clone())
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(data, body.to_vec());
     assert_eq!(trailers.unwrap().get("grpc-status").unwrap(), "0");

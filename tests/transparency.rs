@@ -20,7 +20,11 @@ async fn echo_upstream() -> (String, tokio::sync::oneshot::Sender<()>) {
 }
 
 async fn channel(url: String) -> tonic::transport::Channel {
-    tonic::transport::Endpoint::from_shared(url).unwrap().connect().await.unwrap()
+    tonic::transport::Endpoint::from_shared(url)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
@@ -32,15 +36,22 @@ async fn unary_body_metadata_and_error_status_pass_unchanged() {
     client.ready().await.unwrap();
     let body = pattern(1, 100_000);
     let mut req = tonic::Request::new(body.clone());
-    req.metadata_mut().insert("x-custom", "value-1".parse().unwrap());
-    let resp = client.unary(req, echo::path(echo::UNARY), echo::BytesCodec).await.unwrap();
+    req.metadata_mut()
+        .insert("x-custom", "value-1".parse().unwrap());
+    let resp = client
+        .unary(req, echo::path(echo::UNARY), echo::BytesCodec)
+        .await
+        .unwrap();
     assert_eq!(resp.metadata().get("x-echo-custom").unwrap(), "value-1");
     assert_eq!(digest(resp.get_ref()), digest(&body));
 
     client.ready().await.unwrap();
     let mut req = tonic::Request::new(Bytes::from_static(b"x"));
     req.metadata_mut().insert("x-fail", "9".parse().unwrap());
-    let status = client.unary(req, echo::path(echo::UNARY), echo::BytesCodec).await.unwrap_err();
+    let status = client
+        .unary(req, echo::path(echo::UNARY), echo::BytesCodec)
+        .await
+        .unwrap_err();
     assert_eq!(status.code(), tonic::Code::FailedPrecondition);
     assert_eq!(status.message(), "failed on purpose: ünïcode %");
     assert_eq!(status.metadata().get("x-trailer").unwrap(), "kept");
@@ -66,18 +77,28 @@ async fn server_streaming_and_100_concurrent_bidi_streams() {
     let got: Vec<Bytes> = resp.into_inner().map(|m| m.unwrap()).collect().await;
     assert_eq!(got.len(), 20);
     for (i, m) in got.iter().enumerate() {
-        assert_eq!(digest(m), digest(&pattern(i as u64, 100_000)), "message {i}");
+        assert_eq!(
+            digest(m),
+            digest(&pattern(i as u64, 100_000)),
+            "message {i}"
+        );
     }
 
     let mut tasks = tokio::task::JoinSet::new();
     for s in 0..100u64 {
         let mut c = client.clone();
         tasks.spawn(async move {
-            let sent: Vec<Bytes> = (0..10).map(|i| pattern(s * 100 + i, ((s * 7919 + i * 104_729) % 70_000) as usize)).collect();
+            let sent: Vec<Bytes> = (0..10)
+                .map(|i| pattern(s * 100 + i, ((s * 7919 + i * 104_729) % 70_000) as usize))
+                .collect();
             c.ready().await.unwrap();
             let out = tokio_stream::iter(sent.clone());
             let resp = c
-                .streaming(tonic::Request::new(out), echo::path(echo::BIDI), echo::BytesCodec)
+                .streaming(
+                    tonic::Request::new(out),
+                    echo::path(echo::BIDI),
+                    echo::BytesCodec,
+                )
                 .await
                 .unwrap();
             let got: Vec<Bytes> = resp.into_inner().map(|m| m.unwrap()).collect().await;
@@ -124,7 +145,9 @@ async fn header_fields_trailers_and_any_path_are_exact() {
     let mut client = raw::client(tokio::net::TcpStream::connect(&tap.addr).await.unwrap()).await;
 
     let body = pattern(3, 300_000);
-    let (resp, data, trailers) = raw::exchange(&mut client, "/echo", body.clone()).await.unwrap();
+    let (resp, data, trailers) = raw::exchange(&mut client, "/echo", body.clone())
+        .await
+        .unwrap();
     assert_eq!(resp.headers().get("x-resp").unwrap(), "1");
     assert_eq!(data.len(), body.len());
     assert_eq!(digest(&data), digest(&body));
@@ -162,14 +185,20 @@ async fn resets_propagate_with_the_same_code_both_ways() {
     // Client resets: the upstream sees the client's code.
     let mut c = client.clone().ready().await.unwrap();
     let (_resp, mut stream) = c.send_request(raw::request("/hang"), false).unwrap();
-    stream.send_data(Bytes::from_static(b"partial"), false).unwrap();
+    stream
+        .send_data(Bytes::from_static(b"partial"), false)
+        .unwrap();
     support::eventually(5, "the upstream stream to open", || {
         (get(&tap.stats.request_bytes) >= 7).then_some(())
     })
     .await;
     stream.send_reset(Reason::HTTP_1_1_REQUIRED);
     let seen = support::eventually(5, "the upstream to see the reset", || {
-        log.lock().unwrap().iter().find(|s| s.path == "/hang").cloned()
+        log.lock()
+            .unwrap()
+            .iter()
+            .find(|s| s.path == "/hang")
+            .cloned()
     })
     .await;
     assert_eq!(seen.reset, Some(Reason::HTTP_1_1_REQUIRED));
@@ -184,7 +213,11 @@ async fn unreachable_upstream_gives_unavailable_naming_it_then_recovers() {
     let mut client = echo::client(channel(tap.url()).await);
     client.ready().await.unwrap();
     let status = client
-        .unary(tonic::Request::new(Bytes::from_static(b"x")), echo::path(echo::UNARY), echo::BytesCodec)
+        .unary(
+            tonic::Request::new(Bytes::from_static(b"x")),
+            echo::path(echo::UNARY),
+            echo::BytesCodec,
+        )
         .await
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unavailable);
@@ -196,7 +229,11 @@ async fn unreachable_upstream_gives_unavailable_naming_it_then_recovers() {
     let _stop = echo::serve_tcp(listener).await;
     client.ready().await.unwrap();
     let resp = client
-        .unary(tonic::Request::new(Bytes::from_static(b"again")), echo::path(echo::UNARY), echo::BytesCodec)
+        .unary(
+            tonic::Request::new(Bytes::from_static(b"again")),
+            echo::path(echo::UNARY),
+            echo::BytesCodec,
+        )
         .await
         .unwrap();
     assert_eq!(resp.get_ref(), &Bytes::from_static(b"again"));
@@ -213,7 +250,9 @@ async fn upstream_killed_mid_stream_then_restarted() {
 
     let mut c = client.clone().ready().await.unwrap();
     let (resp, mut stream) = c.send_request(raw::request("/hang"), false).unwrap();
-    stream.send_data(Bytes::from_static(b"partial"), false).unwrap();
+    stream
+        .send_data(Bytes::from_static(b"partial"), false)
+        .unwrap();
     support::eventually(5, "bytes to reach upstream", || {
         (get(&tap.stats.request_bytes) >= 7).then_some(())
     })
@@ -221,15 +260,26 @@ async fn upstream_killed_mid_stream_then_restarted() {
     server.abort();
     let _ = server.await;
     // The killed upstream's stream ends for the client: a gRPC UNAVAILABLE naming the upstream.
-    let resp = tokio::time::timeout(Duration::from_secs(5), resp).await.unwrap().unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(5), resp)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(resp.headers().get("grpc-status").unwrap(), "14");
-    let message = resp.headers().get("grpc-message").unwrap().to_str().unwrap().to_string();
+    let message = resp
+        .headers()
+        .get("grpc-message")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
     assert!(message.contains(&upstream), "{message}");
 
     let listener = TcpListener::bind(&upstream).await.unwrap();
     let _server = raw::serve_tcp(listener, log.clone());
     let mut c = client.clone();
-    let (_, data, _) = raw::exchange(&mut c, "/echo", Bytes::from_static(b"after restart")).await.unwrap();
+    let (_, data, _) = raw::exchange(&mut c, "/echo", Bytes::from_static(b"after restart"))
+        .await
+        .unwrap();
     assert_eq!(data, b"after restart");
 }
 
@@ -266,8 +316,14 @@ async fn a_reader_that_stops_stalls_the_writer_within_one_window() {
         last = now;
     }
     let peak = get(&tap.stats.peak_stream_buffered);
-    assert!(peak <= window as u64, "peak buffered {peak} > window {window}");
-    assert!(last < 64 << 20, "forwarded {last} bytes to a reader that stopped");
+    assert!(
+        peak <= window as u64,
+        "peak buffered {peak} > window {window}"
+    );
+    assert!(
+        last < 64 << 20,
+        "forwarded {last} bytes to a reader that stopped"
+    );
     // Reading again drains everything.
     let mut n = 1;
     while let Some(m) = stream.next().await {
@@ -295,15 +351,24 @@ async fn shutdown_lets_open_streams_finish() {
         .unwrap();
     let mut inbound = resp.into_inner();
     tx.send(Bytes::from_static(b"before")).await.unwrap();
-    assert_eq!(inbound.next().await.unwrap().unwrap(), Bytes::from_static(b"before"));
+    assert_eq!(
+        inbound.next().await.unwrap().unwrap(),
+        Bytes::from_static(b"before")
+    );
     let addr = tap.addr.clone();
     let shutdown = tokio::spawn(tap.shutdown());
     tokio::time::sleep(Duration::from_millis(200)).await;
     // New connections are refused, the open stream still works.
     assert!(tokio::net::TcpStream::connect(&addr).await.is_err());
     tx.send(Bytes::from_static(b"during")).await.unwrap();
-    assert_eq!(inbound.next().await.unwrap().unwrap(), Bytes::from_static(b"during"));
+    assert_eq!(
+        inbound.next().await.unwrap().unwrap(),
+        Bytes::from_static(b"during")
+    );
     drop(tx);
     assert!(inbound.next().await.is_none());
-    tokio::time::timeout(Duration::from_secs(5), shutdown).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(5), shutdown)
+        .await
+        .unwrap()
+        .unwrap();
 }

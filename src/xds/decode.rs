@@ -79,18 +79,31 @@ impl MessageDecoder {
     /// stream's `grpc-encoding`.
     pub fn new(kind: Kind, len: u32, compressed: bool, encoding: Option<&str>, limit: u64) -> Self {
         let input = if compressed {
-            let sink = Sink { scanner: Scanner::new(kind, None), limit };
+            let sink = Sink {
+                scanner: Scanner::new(kind, None),
+                limit,
+            };
             match encoding {
                 Some("gzip") => Input::Gzip(Box::new(flate2::write::GzDecoder::new(sink))),
                 Some("deflate") => Input::Deflate(Box::new(flate2::write::ZlibDecoder::new(sink))),
                 other => Input::Failed(DecodeError::Encoding(other.unwrap_or("(none)").into())),
             }
         } else if len as u64 > limit {
-            Input::Failed(DecodeError::TooLarge { size: len as u64, limit })
+            Input::Failed(DecodeError::TooLarge {
+                size: len as u64,
+                limit,
+            })
         } else {
-            Input::Plain(Sink { scanner: Scanner::new(kind, Some(len as u64)), limit })
+            Input::Plain(Sink {
+                scanner: Scanner::new(kind, Some(len as u64)),
+                limit,
+            })
         };
-        MessageDecoder { input, limit, seen: 0 }
+        MessageDecoder {
+            input,
+            limit,
+            seen: 0,
+        }
     }
 
     /// The next slice of the body.
@@ -112,7 +125,10 @@ impl MessageDecoder {
 
     fn inflate_error(&self, e: std::io::Error) -> DecodeError {
         if e.to_string().contains("decode limit") {
-            DecodeError::TooLarge { size: self.limit + 1, limit: self.limit }
+            DecodeError::TooLarge {
+                size: self.limit + 1,
+                limit: self.limit,
+            }
         } else {
             DecodeError::Inflate(e.to_string())
         }
@@ -122,8 +138,12 @@ impl MessageDecoder {
     pub fn finish(self) -> Result<Message, DecodeError> {
         let sink = match self.input {
             Input::Plain(sink) => sink,
-            Input::Gzip(d) => d.finish().map_err(|e| DecodeError::Inflate(e.to_string()))?,
-            Input::Deflate(d) => d.finish().map_err(|e| DecodeError::Inflate(e.to_string()))?,
+            Input::Gzip(d) => d
+                .finish()
+                .map_err(|e| DecodeError::Inflate(e.to_string()))?,
+            Input::Deflate(d) => d
+                .finish()
+                .map_err(|e| DecodeError::Inflate(e.to_string()))?,
             Input::Failed(e) => return Err(e),
         };
         Ok(sink.scanner.finish()?)

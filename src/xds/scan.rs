@@ -151,7 +151,10 @@ impl Scanner {
             Kind::Response(Api::Delta) => Msg::DeltaResponse,
         };
         let mut stack = Vec::with_capacity(MAX_DEPTH);
-        stack.push(Frame { msg, end: len.unwrap_or(u64::MAX) });
+        stack.push(Frame {
+            msg,
+            end: len.unwrap_or(u64::MAX),
+        });
         Scanner {
             kind,
             stack,
@@ -201,7 +204,9 @@ impl Scanner {
             let frame_left = top.end - self.pos;
             let start = i;
             match &mut self.state {
-                State::Tag { value, shift } | State::Varint { value, shift, .. } | State::Len { value, shift, .. } => {
+                State::Tag { value, shift }
+                | State::Varint { value, shift, .. }
+                | State::Len { value, shift, .. } => {
                     let b = data[i];
                     i += 1;
                     self.pos += 1;
@@ -255,9 +260,17 @@ impl Scanner {
             State::Tag { .. } => {
                 let field = (v >> 3) as u32;
                 self.state = match (v & 7) as u8 {
-                    0 => State::Varint { field, value: 0, shift: 0 },
+                    0 => State::Varint {
+                        field,
+                        value: 0,
+                        shift: 0,
+                    },
                     1 => State::Skip { left: 8 },
-                    2 => State::Len { field, value: 0, shift: 0 },
+                    2 => State::Len {
+                        field,
+                        value: 0,
+                        shift: 0,
+                    },
                     5 => State::Skip { left: 4 },
                     w => return Err(ScanError::WireType(w)),
                 };
@@ -281,7 +294,11 @@ impl Scanner {
                         self.begin(msg);
                     }
                     Action::Capture(slot) if v > 0 => {
-                        let cap = if slot == Slot::StatusMessage { MAX_ERROR_MESSAGE } else { MAX_STRING };
+                        let cap = if slot == Slot::StatusMessage {
+                            MAX_ERROR_MESSAGE
+                        } else {
+                            MAX_STRING
+                        };
                         self.state = State::Capture { slot, left: v, cap };
                     }
                     Action::Capture(slot) => self.captured(slot, String::new()),

@@ -17,7 +17,9 @@ pub struct Pki {
 fn ca(name: &str) -> (rcgen::Certificate, KeyPair, CertificateParams) {
     let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(rcgen::DnType::CommonName, name);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, name);
     let key = KeyPair::generate().unwrap();
     let cert = params.clone().self_signed(&key).unwrap();
     (cert, key, params)

@@ -100,7 +100,7 @@ impl ControlPlane {
 
     /// Serves on `listener` until `stop` is called; returns the server task.
     pub fn serve(&self, listener: tokio::net::TcpListener) -> tokio::task::JoinHandle<()> {
-        let _ = self.inner.stop.send(false);
+        self.inner.stop.send_replace(false);
         let svc = AggregatedDiscoveryServiceServer::new(self.clone())
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX);
@@ -118,7 +118,7 @@ impl ControlPlane {
 
     /// Ends every stream with UNAVAILABLE and stops serving (a control-plane restart).
     pub async fn stop(&self, server: tokio::task::JoinHandle<()>) {
-        let _ = self.inner.stop.send(true);
+        self.inner.stop.send_replace(true);
         let _ = server.await;
     }
 
@@ -130,7 +130,11 @@ impl ControlPlane {
 
     /// Gives one node its own snapshot.
     pub fn set_for_node(&self, node: &str, snapshot: Snapshot) {
-        self.inner.per_node.lock().unwrap().insert(node.into(), snapshot);
+        self.inner
+            .per_node
+            .lock()
+            .unwrap()
+            .insert(node.into(), snapshot);
         self.inner.changed.send_modify(|g| *g += 1);
     }
 
@@ -144,7 +148,9 @@ impl ControlPlane {
 
     /// The answer the client gave to nonce `nonce`, if any.
     pub fn answer_to(&self, nonce: &str) -> Option<Recorded> {
-        self.requests().into_iter().find(|r| r.response_nonce == nonce)
+        self.requests()
+            .into_iter()
+            .find(|r| r.response_nonce == nonce)
     }
 
     fn record(&self, r: Recorded) {
@@ -182,17 +188,26 @@ impl AggregatedDiscoveryService for ControlPlane {
         let mut stop = cp.inner.stop.subscribe();
         tokio::spawn(async move {
             let mut node: Option<String> = None;
-            let mut st = SotwState { names: HashMap::new(), sent_digest: HashMap::new() };
+            let mut st = SotwState {
+                names: HashMap::new(),
+                sent_digest: HashMap::new(),
+            };
             // Sends `type_url` (and EDS after CDS when clusters changed).
             let send = |st: &mut SotwState, node: &Option<String>, type_url: &str, force: bool| {
                 let snap = cp.inner.snapshot(node.as_deref());
                 let names = st.names.get(type_url).cloned().unwrap_or_default();
-                let chosen: Vec<_> = snap.of(type_url).iter().filter(|(n, _)| wants(&names, n)).cloned().collect();
+                let chosen: Vec<_> = snap
+                    .of(type_url)
+                    .iter()
+                    .filter(|(n, _)| wants(&names, n))
+                    .cloned()
+                    .collect();
                 let digests: Vec<String> = chosen.iter().map(|(_, a)| digest(a)).collect();
                 if !force && st.sent_digest.get(type_url) == Some(&digests) {
                     return None;
                 }
-                if snap.of(type_url).is_empty() && !st.sent_digest.contains_key(type_url) && !force {
+                if snap.of(type_url).is_empty() && !st.sent_digest.contains_key(type_url) && !force
+                {
                     return None;
                 }
                 st.sent_digest.insert(type_url.to_string(), digests);
@@ -260,7 +275,9 @@ impl AggregatedDiscoveryService for ControlPlane {
                 }
             }
         });
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
 
     async fn delta_aggregated_resources(
@@ -294,7 +311,12 @@ impl AggregatedDiscoveryService for ControlPlane {
                     let v = digest(any);
                     if client.get(name) != Some(&v) || force.contains(name) {
                         client.insert(name.clone(), v.clone());
-                        resources.push(Resource { name: name.clone(), version: v, resource: Some(any.clone()), ..Default::default() });
+                        resources.push(Resource {
+                            name: name.clone(),
+                            version: v,
+                            resource: Some(any.clone()),
+                            ..Default::default()
+                        });
                     }
                 }
                 let removed: Vec<String> = client
@@ -385,6 +407,8 @@ impl AggregatedDiscoveryService for ControlPlane {
                 }
             }
         });
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
 }

@@ -85,7 +85,8 @@ impl tonic::server::NamedService for Echo {
 struct UnarySvc;
 impl tonic::server::UnaryService<Bytes> for UnarySvc {
     type Response = Bytes;
-    type Future = Pin<Box<dyn std::future::Future<Output = Result<Response<Bytes>, Status>> + Send>>;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = Result<Response<Bytes>, Status>> + Send>>;
     fn call(&mut self, request: Request<Bytes>) -> Self::Future {
         Box::pin(async move {
             if let Some(code) = request.metadata().get("x-fail") {
@@ -112,7 +113,8 @@ struct ServerStreamSvc;
 impl tonic::server::ServerStreamingService<Bytes> for ServerStreamSvc {
     type Response = Bytes;
     type ResponseStream = BoxStream;
-    type Future = Pin<Box<dyn std::future::Future<Output = Result<Response<BoxStream>, Status>> + Send>>;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = Result<Response<BoxStream>, Status>> + Send>>;
     fn call(&mut self, request: Request<Bytes>) -> Self::Future {
         Box::pin(async move {
             let spec = String::from_utf8(request.into_inner().to_vec()).unwrap();
@@ -128,7 +130,8 @@ struct BidiSvc;
 impl tonic::server::StreamingService<Bytes> for BidiSvc {
     type Response = Bytes;
     type ResponseStream = BoxStream;
-    type Future = Pin<Box<dyn std::future::Future<Output = Result<Response<BoxStream>, Status>> + Send>>;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = Result<Response<BoxStream>, Status>> + Send>>;
     fn call(&mut self, request: Request<Streaming<Bytes>>) -> Self::Future {
         Box::pin(async move {
             let stream = request.into_inner();
@@ -146,7 +149,8 @@ fn server_grpc() -> tonic::server::Grpc<BytesCodec> {
 impl tonic::codegen::Service<http::Request<tonic::body::Body>> for Echo {
     type Response = http::Response<tonic::body::Body>;
     type Error = Infallible;
-    type Future = Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Infallible>> + Send>>;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Infallible>> + Send>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
@@ -167,7 +171,9 @@ impl tonic::codegen::Service<http::Request<tonic::body::Body>> for Echo {
 }
 
 /// A client for the service over a tonic channel.
-pub fn client(channel: tonic::transport::Channel) -> tonic::client::Grpc<tonic::transport::Channel> {
+pub fn client(
+    channel: tonic::transport::Channel,
+) -> tonic::client::Grpc<tonic::transport::Channel> {
     tonic::client::Grpc::new(channel)
         .max_decoding_message_size(usize::MAX)
         .max_encoding_message_size(usize::MAX)

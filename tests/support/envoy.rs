@@ -95,9 +95,16 @@ impl Envoy {
             .stderr(log)
             .spawn()
             .expect("start envoy");
-        let mut envoy = Envoy { child, admin: String::new(), node: node.into(), dir };
+        let mut envoy = Envoy {
+            child,
+            admin: String::new(),
+            node: node.into(),
+            dir,
+        };
         let admin = super::eventually(30, "envoy admin address", || {
-            std::fs::read_to_string(&admin_file).ok().filter(|s| s.contains(':'))
+            std::fs::read_to_string(&admin_file)
+                .ok()
+                .filter(|s| s.contains(':'))
         })
         .await;
         envoy.admin = admin.trim().to_string();
@@ -112,14 +119,22 @@ impl Envoy {
     pub async fn get(&self, path: &str) -> String {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut s = tokio::net::TcpStream::connect(&self.admin).await.unwrap();
-        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-            .await
-            .unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
         let mut out = Vec::new();
         s.read_to_end(&mut out).await.unwrap();
         let text = String::from_utf8_lossy(&out).to_string();
-        let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-        if text.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default();
+        if text
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
             dechunk(&body)
         } else {
             body
@@ -128,7 +143,9 @@ impl Envoy {
 
     /// One counter or gauge from `/stats?format=json`.
     pub async fn stat(&self, name: &str) -> Option<u64> {
-        let body = self.get(&format!("/stats?format=json&filter=^{name}$")).await;
+        let body = self
+            .get(&format!("/stats?format=json&filter=^{name}$"))
+            .await;
         let v: serde_json::Value = serde_json::from_str(&body).ok()?;
         v["stats"].as_array()?.iter().find(|s| s["name"] == name)?["value"].as_u64()
     }
@@ -149,7 +166,10 @@ impl Envoy {
                 return;
             }
             if std::time::Instant::now() > deadline {
-                panic!("{name} did not reach {min} in {secs}s; envoy log:\n{}", self.log());
+                panic!(
+                    "{name} did not reach {min} in {secs}s; envoy log:\n{}",
+                    self.log()
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

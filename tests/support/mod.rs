@@ -3,8 +3,8 @@
 #![allow(dead_code)]
 
 pub mod certs;
-pub mod echo;
 pub mod control_plane;
+pub mod echo;
 pub mod envoy;
 pub mod raw;
 pub mod resources;

@@ -35,13 +35,19 @@ async fn read_body(body: &mut RecvStream) -> Result<Vec<u8>, h2::Error> {
 /// `x-resp: 1` and trailers `x-trailer: t1`, `grpc-status: 0`; `/reset/N` resets with code N
 /// once the request headers arrive; `/hang` reads the body and never answers (records a reset).
 pub async fn serve_conn<T: AsyncRead + AsyncWrite + Unpin + Send + 'static>(io: T, log: Log) {
-    let Ok(mut conn) = h2::server::handshake(io).await else { return };
+    let Ok(mut conn) = h2::server::handshake(io).await else {
+        return;
+    };
     while let Some(Ok((req, mut respond))) = conn.accept().await {
         let log = log.clone();
         tokio::spawn(async move {
             let (parts, mut body) = req.into_parts();
             let path = parts.uri.path().to_string();
-            let mut seen = Seen { path: path.clone(), headers: parts.headers.clone(), ..Default::default() };
+            let mut seen = Seen {
+                path: path.clone(),
+                headers: parts.headers.clone(),
+                ..Default::default()
+            };
             if let Some(code) = path.strip_prefix("/reset/") {
                 respond.send_reset(Reason::from(code.parse::<u32>().unwrap()));
                 log.lock().unwrap().push(seen);
@@ -61,7 +67,8 @@ pub async fn serve_conn<T: AsyncRead + AsyncWrite + Unpin + Send + 'static>(io: 
                     log.lock().unwrap().push(seen);
                     let mut resp = Response::new(());
                     resp.headers_mut().insert("x-resp", "1".parse().unwrap());
-                    resp.headers_mut().insert("content-type", "application/grpc".parse().unwrap());
+                    resp.headers_mut()
+                        .insert("content-type", "application/grpc".parse().unwrap());
                     let mut send = respond.send_response(resp, false).unwrap();
                     send.send_data(Bytes::from(b), false).unwrap();
                     let mut trailers = HeaderMap::new();

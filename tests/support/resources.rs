@@ -3,8 +3,8 @@
 
 use envoy_types::pb::envoy::config::cluster::v3::{cluster, Cluster};
 use envoy_types::pb::envoy::config::core::v3::{
-    address, config_source, data_source, socket_address, Address, AggregatedConfigSource, ApiVersion,
-    ConfigSource, DataSource, SocketAddress,
+    address, config_source, data_source, socket_address, Address, AggregatedConfigSource,
+    ApiVersion, ConfigSource, DataSource, SocketAddress,
 };
 use envoy_types::pb::envoy::config::endpoint::v3::{
     lb_endpoint, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
@@ -18,7 +18,9 @@ use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     http_connection_manager, http_filter, HttpConnectionManager, HttpFilter, Rds,
 };
-use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{secret, Secret, TlsCertificate};
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    secret, Secret, TlsCertificate,
+};
 use envoy_types::pb::google::protobuf::{Any, Duration};
 use prost::{Message, Name};
 
@@ -32,12 +34,17 @@ pub const SDS: &str = "type.googleapis.com/envoy.extensions.transport_sockets.tl
 pub const ORDER: [&str; 5] = [CDS, EDS, LDS, RDS, SDS];
 
 pub fn any<M: Message + Name>(m: &M) -> Any {
-    Any { type_url: M::type_url(), value: m.encode_to_vec() }
+    Any {
+        type_url: M::type_url(),
+        value: m.encode_to_vec(),
+    }
 }
 
 fn ads() -> ConfigSource {
     ConfigSource {
-        config_source_specifier: Some(config_source::ConfigSourceSpecifier::Ads(AggregatedConfigSource {})),
+        config_source_specifier: Some(config_source::ConfigSourceSpecifier::Ads(
+            AggregatedConfigSource {},
+        )),
         resource_api_version: ApiVersion::V3 as i32,
         ..Default::default()
     }
@@ -61,8 +68,13 @@ pub fn cluster(name: &str, connect_timeout_ms: i64) -> (String, Any) {
             seconds: connect_timeout_ms / 1000,
             nanos: ((connect_timeout_ms % 1000) * 1_000_000) as i32,
         }),
-        cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(cluster::DiscoveryType::Eds as i32)),
-        eds_cluster_config: Some(cluster::EdsClusterConfig { eds_config: Some(ads()), service_name: String::new() }),
+        cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(
+            cluster::DiscoveryType::Eds as i32,
+        )),
+        eds_cluster_config: Some(cluster::EdsClusterConfig {
+            eds_config: Some(ads()),
+            service_name: String::new(),
+        }),
         ..Default::default()
     };
     (name.into(), any(&c))
@@ -96,7 +108,9 @@ pub fn listener(name: &str, route: &str) -> (String, Any) {
         })),
         http_filters: vec![HttpFilter {
             name: "envoy.filters.http.router".into(),
-            config_type: Some(http_filter::ConfigType::TypedConfig(any(&Router::default()))),
+            config_type: Some(http_filter::ConfigType::TypedConfig(
+                any(&Router::default()),
+            )),
             ..Default::default()
         }],
         ..Default::default()
@@ -128,7 +142,9 @@ pub fn route(name: &str, cluster: &str) -> (String, Any) {
                     ..Default::default()
                 }),
                 action: Some(route::Action::Route(RouteAction {
-                    cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(cluster.into())),
+                    cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(
+                        cluster.into(),
+                    )),
                     ..Default::default()
                 })),
                 ..Default::default()
@@ -166,7 +182,10 @@ pub struct Snapshot {
 
 impl Snapshot {
     pub fn new(version: &str) -> Self {
-        Snapshot { version: version.into(), ..Default::default() }
+        Snapshot {
+            version: version.into(),
+            ..Default::default()
+        }
     }
     pub fn with(mut self, type_url: &'static str, resource: (String, Any)) -> Self {
         self.resources.entry(type_url).or_default().push(resource);
@@ -184,6 +203,9 @@ impl Snapshot {
             .with(RDS, route("local", "a"))
     }
     pub fn of(&self, type_url: &str) -> &[(String, Any)] {
-        self.resources.get(type_url).map(|v| v.as_slice()).unwrap_or(&[])
+        self.resources
+            .get(type_url)
+            .map(|v| v.as_slice())
+            .unwrap_or(&[])
     }
 }

@@ -44,15 +44,27 @@ impl Tap {
     pub async fn with(o: TapOptions) -> Tap {
         let acceptor = o.tls.map(|t| t.acceptor().unwrap());
         let listener = Listener::bind(&o.listen, acceptor).await.unwrap();
-        let tls = o.upstream_tls.map(|t| t.connector(o.upstream.host()).unwrap());
-        let proxy = Proxy::new(listener, Connector::new(o.upstream, tls), o.settings, o.observer);
+        let tls = o
+            .upstream_tls
+            .map(|t| t.connector(o.upstream.host()).unwrap());
+        let proxy = Proxy::new(
+            listener,
+            Connector::new(o.upstream, tls),
+            o.settings,
+            o.observer,
+        );
         let addr = proxy.local_addr();
         let stats = proxy.stats();
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(proxy.serve(async {
             let _ = rx.await;
         }));
-        Tap { addr, stats, stop: Some(tx), task: Some(task) }
+        Tap {
+            addr,
+            stats,
+            stop: Some(tx),
+            task: Some(task),
+        }
     }
 
     pub fn url(&self) -> String {
@@ -76,4 +88,62 @@ impl Drop for Tap {
 
 pub fn get(counter: &std::sync::atomic::AtomicU64) -> u64 {
     ProxyStats::get(counter)
+}
+
+/// A tap with the full xDS pipeline; verdicts are read from its recorder.
+pub struct XdsTap {
+    pub tap: Tap,
+    pub pipeline: xdstap::tap::Pipeline,
+}
+
+impl XdsTap {
+    pub async fn start(mut options: TapOptions) -> XdsTap {
+        let pipeline =
+            xdstap::tap::Pipeline::start(65_536, xdstap::tap::DEFAULT_DECODE_LIMIT, vec![]);
+        options.observer = pipeline.tap.clone();
+        XdsTap {
+            tap: Tap::with(options).await,
+            pipeline,
+        }
+    }
+
+    pub fn events(&self) -> Vec<xdstap::correlate::Event> {
+        self.pipeline.recorder.events()
+    }
+
+    /// (node, short type, nonce, verdict) of every verdict so far.
+    pub fn verdicts(&self) -> Vec<Verdict> {
+        self.events()
+            .into_iter()
+            .filter_map(|e| match e {
+                xdstap::correlate::Event::Verdict {
+                    at,
+                    push,
+                    verdict,
+                    client_version,
+                    ..
+                } => Some(Verdict {
+                    node: at.node.as_ref().map(|n| n.id.clone()).unwrap_or_default(),
+                    type_url: at.type_url.clone(),
+                    nonce: push.nonce.clone(),
+                    version: push.version.clone(),
+                    verdict,
+                    client_version,
+                    names: push.resources.iter().map(|r| r.name.clone()).collect(),
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    pub node: String,
+    pub type_url: String,
+    pub nonce: String,
+    pub version: String,
+    pub verdict: xdstap::correlate::Verdict,
+    pub client_version: Option<String>,
+    pub names: Vec<String>,
 }

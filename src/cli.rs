@@ -29,6 +29,19 @@ pub enum Command {
     Run(RunArgs),
     /// Validate a config file (and flags) and exit: 0 when valid, 64 when not.
     CheckConfig(CheckArgs),
+    /// Play the whole story in one process: control plane, tap and a client, with a bad push.
+    Demo(DemoArgs),
+}
+
+/// `xdstap demo`.
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Print one JSON object per event and a summary, instead of the timeline.
+    #[arg(long)]
+    pub json: bool,
+    /// Colour: auto (on a terminal), always or never.
+    #[arg(long, value_name = "WHEN", default_value = "auto")]
+    pub color: String,
 }
 
 /// `xdstap check-config`.

@@ -18,6 +18,7 @@
 pub mod cli;
 pub mod config;
 pub mod correlate;
+pub mod demo;
 pub mod grpc;
 pub mod observe;
 pub mod proxy;

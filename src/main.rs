@@ -45,6 +45,41 @@ fn main() -> ExitCode {
                 Err(e) => usage_error(e),
             }
         }
+        Command::Demo(args) => {
+            use std::io::IsTerminal;
+            let color = match args.color.as_str() {
+                "always" => true,
+                "never" => false,
+                "auto" => std::io::stdout().is_terminal(),
+                other => {
+                    return usage_error(format!(
+                        "invalid --color {other:?}: expected auto, always or never"
+                    ))
+                }
+            };
+            init_logging(LogFormat::Text, "error");
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("xdstap: cannot start the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(xdstap::demo::run(xdstap::demo::DemoOptions {
+                json: args.json,
+                color,
+            })) {
+                Ok(outcome) if outcome.ok => ExitCode::SUCCESS,
+                Ok(_) => ExitCode::FAILURE,
+                Err(e) => {
+                    eprintln!("xdstap demo: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Run(args) => {
             let file = match args.config.as_deref().map(FileConfig::load).transpose() {
                 Ok(f) => f.unwrap_or_default(),

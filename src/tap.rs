@@ -234,6 +234,14 @@ impl StreamObserver for XdsStream {
     fn on_trailers(&mut self, direction: Direction, trailers: &HeaderMap) {
         if direction == Direction::Response {
             self.read_status(trailers);
+            // The server's trailers end the call, whatever the client does with its half.
+            let message = self
+                .grpc_message
+                .clone()
+                .unwrap_or_else(|| "stream closed by the control plane".into());
+            self.correlator
+                .on_stream_end(self.grpc_status, &message, now(), &mut self.pending);
+            self.flush();
         }
     }
 

@@ -81,7 +81,7 @@ fn cluster(name: &str, timeout_ms: u64) -> Vec<u8> {
     if timeout_ms >= 1000 {
         pb::uint(&mut d, 1, timeout_ms / 1000);
     }
-    if timeout_ms % 1000 > 0 {
+    if !timeout_ms.is_multiple_of(1000) {
         pb::uint(&mut d, 2, (timeout_ms % 1000) * 1_000_000);
     }
     pb::bytes(&mut c, 4, &d);

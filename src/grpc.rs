@@ -142,8 +142,11 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// Whole messages with their compressed flag.
+    type Messages = Vec<(bool, Vec<u8>)>;
+
     /// Collects whole messages from events.
-    fn collect(chunks: &[&[u8]]) -> (Vec<(bool, Vec<u8>)>, Result<(), FramingError>) {
+    fn collect(chunks: &[&[u8]]) -> (Messages, Result<(), FramingError>) {
         let mut d = Deframer::new();
         let mut out: Vec<(bool, Vec<u8>)> = Vec::new();
         let mut result = Ok(());

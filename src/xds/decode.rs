@@ -61,7 +61,7 @@ impl Write for Sink {
 }
 
 enum Input {
-    Plain(Sink),
+    Plain(Box<Sink>),
     Gzip(Box<flate2::write::GzDecoder<Sink>>),
     Deflate(Box<flate2::write::ZlibDecoder<Sink>>),
     Failed(DecodeError),
@@ -94,10 +94,10 @@ impl MessageDecoder {
                 limit,
             })
         } else {
-            Input::Plain(Sink {
+            Input::Plain(Box::new(Sink {
                 scanner: Scanner::new(kind, Some(len as u64)),
                 limit,
-            })
+            }))
         };
         MessageDecoder {
             input,
@@ -137,7 +137,7 @@ impl MessageDecoder {
     /// The body is complete.
     pub fn finish(self) -> Result<Message, DecodeError> {
         let sink = match self.input {
-            Input::Plain(sink) => sink,
+            Input::Plain(sink) => *sink,
             Input::Gzip(d) => d
                 .finish()
                 .map_err(|e| DecodeError::Inflate(e.to_string()))?,

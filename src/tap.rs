@@ -144,10 +144,10 @@ impl XdsStream {
             DecodeError::TooLarge { .. } => &self.stats.decode_too_large,
         };
         c.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(stream = self.correlator_id(), reason = e.reason(), error = %e, "xDS message not decoded; forwarded as is");
+        tracing::debug!(stream = self.method_path(), reason = e.reason(), error = %e, "xDS message not decoded; forwarded as is");
     }
 
-    fn correlator_id(&self) -> String {
+    fn method_path(&self) -> String {
         format!("{}/{}", self.method.service, self.method.method)
     }
 }
@@ -260,7 +260,7 @@ impl StreamObserver for XdsStream {
             .on_stream_end(self.grpc_status, &message, now(), &mut self.pending);
         self.flush();
         tracing::debug!(
-            stream = self.correlator_id(),
+            stream = self.method_path(),
             node = self.correlator.node().map(|n| n.id.as_str()).unwrap_or(""),
             request_messages = self.request.count.messages,
             request_bytes = self.request.count.bytes,

@@ -117,6 +117,13 @@ pub struct Options {
     /// Log filter, e.g. info or xdstap=debug [default: info; RUST_LOG also works].
     #[arg(long, value_name = "FILTER")]
     pub log_level: Option<String>,
+    /// Largest xDS message decoded; larger ones are forwarded untouched and counted
+    /// [default: 256MiB].
+    #[arg(long, value_name = "SIZE", help_heading = "Observation")]
+    pub decode_limit: Option<String>,
+    /// Append one JSON line per verdict (ack, nack, superseded, unanswered) to FILE.
+    #[arg(long, value_name = "FILE", help_heading = "Observation")]
+    pub event_log: Option<PathBuf>,
 }
 
 impl Options {
@@ -143,6 +150,8 @@ impl Options {
                 .log_level
                 .clone()
                 .or_else(|| std::env::var("RUST_LOG").ok()),
+            decode_limit: self.decode_limit.clone(),
+            event_log: self.event_log.clone(),
         }
     }
 }

@@ -68,6 +68,10 @@ pub struct FileConfig {
     pub connect_timeout: Option<String>,
     /// Logging.
     pub log: Option<FileLog>,
+    /// Largest xDS message decoded, e.g. `256MiB`; larger ones are forwarded and counted.
+    pub decode_limit: Option<serde_norway::Value>,
+    /// JSON-lines file getting one line per verdict.
+    pub event_log: Option<PathBuf>,
 }
 
 /// `tls:` in the YAML file.
@@ -149,6 +153,8 @@ pub struct Overrides {
     pub connect_timeout: Option<String>,
     pub log_format: Option<String>,
     pub log_level: Option<String>,
+    pub decode_limit: Option<String>,
+    pub event_log: Option<PathBuf>,
 }
 
 /// Validated settings for `xdstap run`.
@@ -168,6 +174,10 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Log filter.
     pub log_level: String,
+    /// Largest message decoded.
+    pub decode_limit: u64,
+    /// JSON-lines verdict log, if any.
+    pub event_log: Option<PathBuf>,
 }
 
 impl FileConfig {
@@ -438,6 +448,16 @@ impl Config {
             ));
         }
 
+        let decode_limit = match flags
+            .decode_limit
+            .or(file.decode_limit.as_ref().map(yaml_scalar))
+        {
+            None => crate::tap::DEFAULT_DECODE_LIMIT,
+            Some(v) => {
+                parse_size(&v).map_err(|r| invalid("decode_limit", "--decode-limit", &v, r))?
+            }
+        };
+
         Ok(Config {
             listen,
             upstream,
@@ -452,6 +472,8 @@ impl Config {
             },
             log_format,
             log_level,
+            decode_limit,
+            event_log: flags.event_log.or(file.event_log),
         })
     }
 }

@@ -211,8 +211,16 @@ struct TypeState {
     pending: VecDeque<Arc<Push>>,
     superseded: VecDeque<String>,
     answered: VecDeque<String>,
-    /// name -> digest of the last accepted push (SotW: the whole state; Delta: accumulated).
-    accepted: Option<HashMap<String, u64>>,
+    /// What the client last accepted, to diff a NACKed push against.
+    accepted: Option<Accepted>,
+}
+
+/// The last accepted state of one type.
+enum Accepted {
+    /// SotW: the last accepted push is the whole state; kept by reference, not copied.
+    Push(Arc<Push>),
+    /// Delta: name -> digest, accumulated over the accepted pushes.
+    Digests(HashMap<String, u64>),
 }
 
 fn remember(ring: &mut VecDeque<String>, nonce: String) {
@@ -310,19 +318,22 @@ impl Correlator {
             let push = state.pending.remove(index).expect("index from position");
             let (verdict, client_version) = match req.error_detail {
                 None => {
-                    let digests: HashMap<String, u64> = push
-                        .resources
-                        .iter()
-                        .map(|r| (r.name.clone(), r.digest))
-                        .collect();
-                    match (api, state.accepted.as_mut()) {
-                        (Api::Delta, Some(acc)) => {
+                    match (api, &mut state.accepted) {
+                        (Api::Sotw, _) => state.accepted = Some(Accepted::Push(push.clone())),
+                        (Api::Delta, Some(Accepted::Digests(acc))) => {
                             for n in &push.removed {
                                 acc.remove(n);
                             }
-                            acc.extend(digests);
+                            acc.extend(push.resources.iter().map(|r| (r.name.clone(), r.digest)));
                         }
-                        _ => state.accepted = Some(digests),
+                        (Api::Delta, _) => {
+                            state.accepted = Some(Accepted::Digests(
+                                push.resources
+                                    .iter()
+                                    .map(|r| (r.name.clone(), r.digest))
+                                    .collect(),
+                            ))
+                        }
                     }
                     (Verdict::Ack, req.version_info)
                 }
@@ -479,27 +490,36 @@ impl Correlator {
 }
 
 /// NACK blame: what changed since the last accepted state, and which of those the error names.
+/// Runs only on a NACK; linear in the resources of both states.
 fn blame(
     api: Api,
     push: &Push,
-    accepted: Option<&HashMap<String, u64>>,
+    accepted: Option<&Accepted>,
     message: &str,
 ) -> (Vec<String>, Vec<String>) {
-    let mut changed: Vec<String> = Vec::new();
-    for r in &push.resources {
-        if accepted.and_then(|a| a.get(&r.name)) != Some(&r.digest) {
-            changed.push(r.name.clone());
-        }
-    }
+    let old: Option<HashMap<&str, u64>> = accepted.map(|a| match a {
+        Accepted::Push(p) => p
+            .resources
+            .iter()
+            .map(|r| (r.name.as_str(), r.digest))
+            .collect(),
+        Accepted::Digests(m) => m.iter().map(|(k, v)| (k.as_str(), *v)).collect(),
+    });
+    let mut changed: Vec<String> = push
+        .resources
+        .iter()
+        .filter(|r| old.as_ref().and_then(|o| o.get(r.name.as_str())) != Some(&r.digest))
+        .map(|r| r.name.clone())
+        .collect();
     match api {
         Api::Sotw => {
-            if let Some(acc) = accepted {
-                let mut removed: Vec<&String> = acc
-                    .keys()
-                    .filter(|n| !push.resources.iter().any(|r| &r.name == *n))
-                    .collect();
-                removed.sort();
-                changed.extend(removed.into_iter().cloned());
+            if let Some(old) = &old {
+                let now: std::collections::HashSet<&str> =
+                    push.resources.iter().map(|r| r.name.as_str()).collect();
+                let mut removed: Vec<&str> =
+                    old.keys().filter(|n| !now.contains(*n)).copied().collect();
+                removed.sort_unstable();
+                changed.extend(removed.into_iter().map(String::from));
             }
         }
         Api::Delta => changed.extend(push.removed.iter().cloned()),

@@ -452,7 +452,14 @@ async fn client_stream(tap: &str) -> anyhow::Result<Pipe> {
 
 /// Plays the story; prints the timeline (or JSON) and returns the outcome.
 pub async fn run(options: DemoOptions) -> anyhow::Result<Outcome> {
-    let pipeline = Pipeline::start(4096, crate::tap::DEFAULT_DECODE_LIMIT, vec![]);
+    let pipeline = Pipeline::start(
+        crate::tap::PipelineOptions {
+            queue_capacity: 4096,
+            recorded_events: 10_000,
+            ..Default::default()
+        },
+        vec![],
+    );
     let cp_listener = TcpListener::bind("127.0.0.1:0").await?;
     let cp_addr = cp_listener.local_addr()?.to_string();
     let mut streams = serve_control_plane(cp_listener);

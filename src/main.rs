@@ -10,6 +10,8 @@ use xdstap::config::{Config, FileConfig, LogFormat};
 use xdstap::proxy::{Connector, Listener, Proxy};
 
 const EX_USAGE: u8 = 64;
+/// Events waiting for the sinks before new ones are dropped (and counted).
+const EVENT_QUEUE: usize = 16_384;
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -166,7 +168,26 @@ async fn run(config: Config) -> Result<(), RunError> {
     let listener = Listener::bind(&config.listen, tls.acceptor)
         .await
         .map_err(|e| RunError::Other(anyhow::anyhow!("cannot listen on {}: {e}", config.listen)))?;
-    let observer = Arc::new(xdstap::proxy::NoObserver);
+    let mut sinks: Vec<Box<dyn xdstap::observe::Sink>> = Vec::new();
+    if let Some(path) = &config.event_log {
+        let log = xdstap::observe::eventlog::EventLog::open(path).map_err(|e| {
+            RunError::Usage(xdstap::config::ConfigError::Invalid {
+                option: "event_log (--event-log)".into(),
+                value: path.display().to_string(),
+                reason: e.to_string(),
+            })
+        })?;
+        sinks.push(Box::new(log));
+    }
+    let pipeline = xdstap::tap::Pipeline::start(
+        xdstap::tap::PipelineOptions {
+            queue_capacity: EVENT_QUEUE,
+            decode_limit: config.decode_limit,
+            recorded_events: 0,
+        },
+        sinks,
+    );
+    let observer: Arc<dyn xdstap::proxy::Observe> = pipeline.tap.clone();
     let proxy = Proxy::new(
         listener,
         Connector::new(config.upstream.clone(), tls.connector),

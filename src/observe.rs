@@ -2,6 +2,9 @@
 //! never waits; a full queue drops and counts), drained by one task into the sinks. Sinks here:
 //! one log line per verdict, and a recorder the status view and tests read.
 
+pub mod eventlog;
+pub mod record;
+
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

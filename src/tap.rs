@@ -323,24 +323,42 @@ pub struct Pipeline {
     pub recorder: crate::observe::Recorder,
 }
 
+/// How a [`Pipeline`] is set up.
+#[derive(Debug, Clone)]
+pub struct PipelineOptions {
+    /// Events waiting for the sinks before new ones are dropped and counted.
+    pub queue_capacity: usize,
+    /// Largest message decoded.
+    pub decode_limit: u64,
+    /// How many recent events the recorder keeps (0: no recorder). Each holds its push's
+    /// resource names, so keep this small outside tests and the demo.
+    pub recorded_events: usize,
+}
+
+impl Default for PipelineOptions {
+    fn default() -> Self {
+        PipelineOptions {
+            queue_capacity: 16_384,
+            decode_limit: DEFAULT_DECODE_LIMIT,
+            recorded_events: 0,
+        }
+    }
+}
+
 impl Pipeline {
     /// Starts the queue-draining task (log lines, recorder, and `sinks`) on the current runtime.
-    pub fn start(
-        queue_capacity: usize,
-        decode_limit: u64,
-        sinks: Vec<Box<dyn crate::observe::Sink>>,
-    ) -> Pipeline {
+    pub fn start(options: PipelineOptions, sinks: Vec<Box<dyn crate::observe::Sink>>) -> Pipeline {
         let stats = Arc::new(TapStats::default());
-        let (events, rx) = crate::observe::queue(queue_capacity, stats.clone());
-        let recorder = crate::observe::Recorder::new(100_000);
-        let mut all: Vec<Box<dyn crate::observe::Sink>> = vec![
-            Box::new(crate::observe::LogSink),
-            Box::new(recorder.clone()),
-        ];
+        let (events, rx) = crate::observe::queue(options.queue_capacity, stats.clone());
+        let recorder = crate::observe::Recorder::new(options.recorded_events);
+        let mut all: Vec<Box<dyn crate::observe::Sink>> = vec![Box::new(crate::observe::LogSink)];
+        if options.recorded_events > 0 {
+            all.push(Box::new(recorder.clone()));
+        }
         all.extend(sinks);
         tokio::spawn(crate::observe::drain(rx, all));
         Pipeline {
-            tap: Arc::new(Tap::new(events, stats.clone(), decode_limit)),
+            tap: Arc::new(Tap::new(events, stats.clone(), options.decode_limit)),
             stats,
             recorder,
         }

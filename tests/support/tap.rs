@@ -98,8 +98,14 @@ pub struct XdsTap {
 
 impl XdsTap {
     pub async fn start(mut options: TapOptions) -> XdsTap {
-        let pipeline =
-            xdstap::tap::Pipeline::start(65_536, xdstap::tap::DEFAULT_DECODE_LIMIT, vec![]);
+        let pipeline = xdstap::tap::Pipeline::start(
+            xdstap::tap::PipelineOptions {
+                queue_capacity: 65_536,
+                recorded_events: 100_000,
+                ..Default::default()
+            },
+            vec![],
+        );
         options.observer = pipeline.tap.clone();
         XdsTap {
             tap: Tap::with(options).await,

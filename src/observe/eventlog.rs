@@ -1,0 +1,46 @@
+//! The JSON-lines event log: one line per verdict, for users without a trace backend. Runs on
+//! the queue's task; a write error is logged once and the log is given up, never the tap.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use super::record::VerdictRecord;
+use super::Sink;
+use crate::correlate::Event;
+
+/// Appends one JSON object per verdict to a file.
+pub struct EventLog {
+    path: PathBuf,
+    out: Option<BufWriter<File>>,
+}
+
+impl EventLog {
+    /// Opens (creates, appends to) `path`.
+    pub fn open(path: &Path) -> std::io::Result<EventLog> {
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        Ok(EventLog {
+            path: path.into(),
+            out: Some(BufWriter::new(file)),
+        })
+    }
+}
+
+impl Sink for EventLog {
+    fn on_event(&mut self, event: &Event) {
+        let Some(out) = self.out.as_mut() else {
+            return;
+        };
+        let Some(record) = VerdictRecord::from_event(event) else {
+            return;
+        };
+        let written = serde_json::to_writer(&mut *out, &record)
+            .map_err(std::io::Error::from)
+            .and_then(|()| out.write_all(b"\n"))
+            .and_then(|()| out.flush());
+        if let Err(e) = written {
+            tracing::error!(path = %self.path.display(), "event log write failed, no more lines will be written: {e}");
+            self.out = None;
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! One verdict as a flat record: what the event log writes per line and what spans carry as
+//! attributes. Names and digests only; never resource contents.
+
+use serde::Serialize;
+
+use crate::correlate::{Event, Timestamp, Verdict};
+use crate::xds::short_type;
+
+/// How many resource names a record lists (the count is always exact).
+pub const NAMES_CAP: usize = 50;
+
+/// A push's fate, flattened.
+#[derive(Debug, Clone, Serialize)]
+pub struct VerdictRecord {
+    /// When the verdict was reached, RFC 3339 UTC.
+    pub time: String,
+    /// `ack`, `nack`, `superseded`, `unanswered`.
+    pub verdict: &'static str,
+    /// `node.id`.
+    pub node: String,
+    /// `node.cluster`.
+    pub node_cluster: String,
+    /// Client user agent.
+    pub user_agent: String,
+    /// Short type (`CDS`) or the type URL when not a known one.
+    #[serde(rename = "type")]
+    pub short_type: String,
+    /// Full type URL.
+    pub type_url: String,
+    /// `sotw` or `delta`.
+    pub api: &'static str,
+    /// Version pushed.
+    pub version: String,
+    /// Nonce of the push.
+    pub nonce: String,
+    /// Resources in the push.
+    pub resources: usize,
+    /// The first [`NAMES_CAP`] resource names.
+    pub resource_names: Vec<String>,
+    /// Names removed (Delta).
+    pub removed: Vec<String>,
+    /// Push size in bytes.
+    pub bytes: u64,
+    /// Push to verdict, milliseconds.
+    pub latency_ms: f64,
+    /// The version the client said it has (ack, nack).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_version: Option<String>,
+    /// NACK: `error_detail.code`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_code: Option<i32>,
+    /// NACK: `error_detail.message`, the client's own text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_message: Option<String>,
+    /// NACK: the resources to look at first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub suspects: Vec<String>,
+    /// NACK: every resource changed since the last accepted push (capped).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub changed: Vec<String>,
+    /// Superseded: the newer push's nonce.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub superseded_by: Option<String>,
+    /// Unanswered: grpc-status the stream ended with.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grpc_status: Option<i32>,
+    /// Unanswered: why the stream ended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end_message: Option<String>,
+    /// Process-unique stream id.
+    pub stream: u64,
+    /// gRPC method path.
+    pub method: String,
+    /// Client address.
+    pub downstream: String,
+    /// Control plane address.
+    pub upstream: String,
+    /// `control_plane.identifier`, when the server set it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub control_plane: Option<String>,
+}
+
+impl VerdictRecord {
+    /// The record of a verdict event; `None` for other events.
+    pub fn from_event(event: &Event) -> Option<VerdictRecord> {
+        let Event::Verdict {
+            at,
+            push,
+            verdict,
+            decided_at,
+            client_version,
+        } = event
+        else {
+            return None;
+        };
+        let node = at.node.as_deref().cloned().unwrap_or_default();
+        let mut r = VerdictRecord {
+            time: rfc3339(*decided_at),
+            verdict: verdict.name(),
+            node: node.id,
+            node_cluster: node.cluster,
+            user_agent: node.user_agent,
+            short_type: short_type(&push.type_url).to_string(),
+            type_url: push.type_url.clone(),
+            api: at.stream.api.map_or("", |a| a.as_str()),
+            version: push.version.clone(),
+            nonce: push.nonce.clone(),
+            resources: push.resources.len(),
+            resource_names: push
+                .resources
+                .iter()
+                .take(NAMES_CAP)
+                .map(|r| r.name.clone())
+                .collect(),
+            removed: push.removed.iter().take(NAMES_CAP).cloned().collect(),
+            bytes: push.bytes,
+            latency_ms: decided_at.saturating_sub(push.at) as f64 / 1e6,
+            client_version: client_version.clone(),
+            error_code: None,
+            error_message: None,
+            suspects: Vec::new(),
+            changed: Vec::new(),
+            superseded_by: None,
+            grpc_status: None,
+            end_message: None,
+            stream: at.stream.stream_id,
+            method: format!("/{}/{}", at.stream.service, at.stream.method),
+            downstream: at.stream.downstream.clone(),
+            upstream: at.stream.upstream.clone(),
+            control_plane: push.control_plane.clone(),
+        };
+        match verdict {
+            Verdict::Ack => {}
+            Verdict::Nack {
+                error,
+                suspects,
+                changed,
+            } => {
+                r.error_code = Some(error.code);
+                r.error_message = Some(error.message.clone());
+                r.suspects = suspects.iter().take(NAMES_CAP).cloned().collect();
+                r.changed = changed.iter().take(NAMES_CAP).cloned().collect();
+            }
+            Verdict::Superseded { by_nonce } => r.superseded_by = Some(by_nonce.clone()),
+            Verdict::Unanswered {
+                grpc_status,
+                message,
+            } => {
+                r.grpc_status = *grpc_status;
+                r.end_message = Some(message.clone());
+            }
+        }
+        Some(r)
+    }
+}
+
+/// Unix nanoseconds as `2026-11-29T13:28:13.123456Z`.
+pub fn rfc3339(t: Timestamp) -> String {
+    let secs = (t / 1_000_000_000) as i64;
+    let micros = (t % 1_000_000_000) / 1_000;
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{micros:06}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_times() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000000Z");
+        // 2026-11-29T13:28:13.5Z
+        assert_eq!(
+            rfc3339(1_795_958_893_500_000_000),
+            "2026-11-29T13:28:13.500000Z"
+        );
+        // 2024-02-29T23:59:59Z, a leap day.
+        assert_eq!(
+            rfc3339(1_709_251_199_000_000_000),
+            "2024-02-29T23:59:59.000000Z"
+        );
+    }
+}

@@ -124,6 +124,24 @@ pub struct Options {
     /// Append one JSON line per verdict (ack, nack, superseded, unanswered) to FILE.
     #[arg(long, value_name = "FILE", help_heading = "Observation")]
     pub event_log: Option<PathBuf>,
+    /// Export a span per push to this OTLP endpoint, e.g. http://127.0.0.1:4317
+    /// [default: OTEL_EXPORTER_OTLP_ENDPOINT; off when neither is set].
+    #[arg(long, value_name = "URL", help_heading = "Spans (OpenTelemetry)")]
+    pub otlp_endpoint: Option<String>,
+    /// OTLP transport: grpc or http/protobuf [default: OTEL_EXPORTER_OTLP_PROTOCOL, else
+    /// http/protobuf].
+    #[arg(long, value_name = "PROTOCOL", help_heading = "Spans (OpenTelemetry)")]
+    pub otlp_protocol: Option<String>,
+    /// One trace per config version (across types and proxies) or per push [default: version].
+    #[arg(
+        long,
+        value_name = "version|push",
+        help_heading = "Spans (OpenTelemetry)"
+    )]
+    pub trace_grouping: Option<String>,
+    /// Mixed into version-derived trace ids; give each control plane its own.
+    #[arg(long, value_name = "ID", help_heading = "Spans (OpenTelemetry)")]
+    pub control_plane_id: Option<String>,
 }
 
 impl Options {
@@ -152,6 +170,10 @@ impl Options {
                 .or_else(|| std::env::var("RUST_LOG").ok()),
             decode_limit: self.decode_limit.clone(),
             event_log: self.event_log.clone(),
+            otlp_endpoint: self.otlp_endpoint.clone(),
+            otlp_protocol: self.otlp_protocol.clone(),
+            trace_grouping: self.trace_grouping.clone(),
+            control_plane_id: self.control_plane_id.clone(),
         }
     }
 }

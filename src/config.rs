@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::observe::spans::{Grouping, Protocol, SpanSettings};
 use crate::proxy::{ClientTls, Endpoint, ServerTls, Settings};
 
 /// A setting that cannot be used.
@@ -72,6 +73,24 @@ pub struct FileConfig {
     pub decode_limit: Option<serde_norway::Value>,
     /// JSON-lines file getting one line per verdict.
     pub event_log: Option<PathBuf>,
+    /// OpenTelemetry span export.
+    pub spans: Option<FileSpans>,
+}
+
+/// `spans:` in the YAML file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSpans {
+    /// OTLP endpoint, e.g. `http://jaeger:4317` (grpc) or `http://collector:4318` (http).
+    pub endpoint: Option<String>,
+    /// `grpc` or `http/protobuf`.
+    pub protocol: Option<String>,
+    /// `version` (one trace per config version) or `push`.
+    pub grouping: Option<String>,
+    /// Mixed into version-derived trace ids.
+    pub control_plane_id: Option<String>,
+    /// Spans waiting for export before new ones are dropped.
+    pub queue_size: Option<usize>,
 }
 
 /// `tls:` in the YAML file.
@@ -155,6 +174,10 @@ pub struct Overrides {
     pub log_level: Option<String>,
     pub decode_limit: Option<String>,
     pub event_log: Option<PathBuf>,
+    pub otlp_endpoint: Option<String>,
+    pub otlp_protocol: Option<String>,
+    pub trace_grouping: Option<String>,
+    pub control_plane_id: Option<String>,
 }
 
 /// Validated settings for `xdstap run`.
@@ -178,6 +201,8 @@ pub struct Config {
     pub decode_limit: u64,
     /// JSON-lines verdict log, if any.
     pub event_log: Option<PathBuf>,
+    /// Span export, when an endpoint is configured (here or by OTEL_EXPORTER_OTLP_*).
+    pub spans: Option<SpanSettings>,
 }
 
 impl FileConfig {
@@ -458,6 +483,16 @@ impl Config {
             }
         };
 
+        let spans = spans(
+            file.spans.unwrap_or_default(),
+            SpanFlags {
+                endpoint: flags.otlp_endpoint,
+                protocol: flags.otlp_protocol,
+                grouping: flags.trace_grouping,
+                control_plane_id: flags.control_plane_id,
+            },
+        )?;
+
         Ok(Config {
             listen,
             upstream,
@@ -474,8 +509,79 @@ impl Config {
             log_level,
             decode_limit,
             event_log: flags.event_log.or(file.event_log),
+            spans,
         })
     }
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// Span settings: flags, then the file, then the standard OTEL_* variables. Off unless an
+/// endpoint is given somewhere; `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none` turn it
+/// off.
+struct SpanFlags {
+    endpoint: Option<String>,
+    protocol: Option<String>,
+    grouping: Option<String>,
+    control_plane_id: Option<String>,
+}
+
+fn spans(file: FileSpans, flags: SpanFlags) -> Result<Option<SpanSettings>, ConfigError> {
+    let endpoint = flags.endpoint.or(file.endpoint);
+    let from_env =
+        env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| env("OTEL_EXPORTER_OTLP_ENDPOINT"));
+    let disabled = env("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"))
+        || env("OTEL_TRACES_EXPORTER").is_some_and(|v| v == "none");
+    if endpoint.is_none() && (from_env.is_none() || disabled) {
+        return Ok(None);
+    }
+    if let Some(e) = &endpoint {
+        if !(e.starts_with("http://") || e.starts_with("https://")) {
+            return Err(invalid(
+                "spans.endpoint",
+                "--otlp-endpoint",
+                e,
+                "expected a URL such as http://127.0.0.1:4317",
+            ));
+        }
+    }
+    let mut settings = SpanSettings {
+        endpoint,
+        ..Default::default()
+    };
+    if let Some(p) = flags.protocol.or(file.protocol) {
+        settings.protocol = p
+            .parse::<Protocol>()
+            .map_err(|r| invalid("spans.protocol", "--otlp-protocol", &p, r))?;
+    } else if let Some(p) =
+        env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL").or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"))
+    {
+        settings.protocol = p
+            .parse::<Protocol>()
+            .map_err(|r| invalid("OTEL_EXPORTER_OTLP_PROTOCOL", "environment", &p, r))?;
+    }
+    if let Some(g) = flags.grouping.or(file.grouping) {
+        settings.grouping = g
+            .parse::<Grouping>()
+            .map_err(|r| invalid("spans.grouping", "--trace-grouping", &g, r))?;
+    }
+    if let Some(id) = flags.control_plane_id.or(file.control_plane_id) {
+        settings.control_plane_id = id;
+    }
+    if let Some(q) = file.queue_size {
+        if q == 0 {
+            return Err(invalid(
+                "spans.queue_size",
+                "config file",
+                "0",
+                "must be at least 1",
+            ));
+        }
+        settings.queue = q;
+    }
+    Ok(Some(settings))
 }
 
 #[cfg(test)]

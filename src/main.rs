@@ -179,6 +179,19 @@ async fn run(config: Config) -> Result<(), RunError> {
         })?;
         sinks.push(Box::new(log));
     }
+    let span_stats = Arc::new(xdstap::observe::spans::SpanStats::default());
+    let mut exporter = None;
+    if let Some(settings) = config.spans.clone() {
+        let endpoint = settings
+            .endpoint
+            .clone()
+            .unwrap_or_else(|| "OTEL_EXPORTER_OTLP_ENDPOINT".into());
+        let (sink, task) = xdstap::observe::spans::start(settings, span_stats.clone())
+            .map_err(|e| RunError::Other(e.into()))?;
+        tracing::info!(%endpoint, "Exporting spans");
+        sinks.push(Box::new(sink));
+        exporter = Some(task);
+    }
     let pipeline = xdstap::tap::Pipeline::start(
         xdstap::tap::PipelineOptions {
             queue_capacity: EVENT_QUEUE,
@@ -196,6 +209,15 @@ async fn run(config: Config) -> Result<(), RunError> {
     );
     tracing::info!(listen = %proxy.local_addr(), upstream = %config.upstream, "Listening");
     proxy.serve(shutdown_signal()).await;
+    pipeline.close().await;
+    if let Some(task) = exporter {
+        if tokio::time::timeout(std::time::Duration::from_secs(15), task)
+            .await
+            .is_err()
+        {
+            tracing::warn!("span export did not finish flushing within 15s");
+        }
+    }
     Ok(())
 }
 

@@ -4,6 +4,7 @@
 
 pub mod eventlog;
 pub mod record;
+pub mod spans;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -68,12 +69,35 @@ pub trait Sink: Send {
     fn on_event(&mut self, event: &Event);
 }
 
-/// Drains the queue into the sinks until every sender is gone.
-pub async fn drain(mut rx: mpsc::Receiver<Event>, mut sinks: Vec<Box<dyn Sink>>) {
-    while let Some(event) = rx.recv().await {
-        for sink in sinks.iter_mut() {
-            sink.on_event(&event);
+/// Drains the queue into the sinks until every sender is gone or `stop` fires; on `stop`, what
+/// is already queued is still delivered. The sinks are dropped on return (which lets exporters
+/// flush).
+pub async fn drain(
+    mut rx: mpsc::Receiver<Event>,
+    mut sinks: Vec<Box<dyn Sink>>,
+    stop: tokio::sync::oneshot::Receiver<()>,
+) {
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        tokio::select! {
+            event = rx.recv() => match event {
+                Some(event) => deliver(&mut sinks, &event),
+                None => return,
+            },
+            _ = &mut stop => {
+                rx.close();
+                while let Ok(event) = rx.try_recv() {
+                    deliver(&mut sinks, &event);
+                }
+                return;
+            }
         }
+    }
+}
+
+fn deliver(sinks: &mut [Box<dyn Sink>], event: &Event) {
+    for sink in sinks.iter_mut() {
+        sink.on_event(event);
     }
 }
 

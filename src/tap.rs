@@ -321,6 +321,8 @@ pub struct Pipeline {
     pub stats: Arc<TapStats>,
     /// The last events, for the status view and tests.
     pub recorder: crate::observe::Recorder,
+    stop: tokio::sync::oneshot::Sender<()>,
+    drain: tokio::task::JoinHandle<()>,
 }
 
 /// How a [`Pipeline`] is set up.
@@ -356,11 +358,20 @@ impl Pipeline {
             all.push(Box::new(recorder.clone()));
         }
         all.extend(sinks);
-        tokio::spawn(crate::observe::drain(rx, all));
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let drain = tokio::spawn(crate::observe::drain(rx, all, stopped));
         Pipeline {
             tap: Arc::new(Tap::new(events, stats.clone(), options.decode_limit)),
             stats,
             recorder,
+            stop,
+            drain,
         }
+    }
+
+    /// Delivers what is queued, then drops the sinks (exporters flush on drop of their sink).
+    pub async fn close(self) {
+        let _ = self.stop.send(());
+        let _ = self.drain.await;
     }
 }

@@ -36,7 +36,38 @@ pub struct Envoy {
     pub dir: TempDir,
 }
 
+/// A static listener whose TLS certificate comes from SDS over ADS, so Envoy subscribes to the
+/// secret `name`.
+pub fn sds_listener(name: &str) -> String {
+    format!(
+        r#"  listeners:
+  - name: tls
+    address: {{ socket_address: {{ address: 127.0.0.1, port_value: 0 }} }}
+    filter_chains:
+    - transport_socket:
+        name: envoy.transport_sockets.tls
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
+          common_tls_context:
+            tls_certificate_sds_secret_configs:
+            - name: {name}
+              sds_config: {{ ads: {{}}, resource_api_version: V3 }}
+      filters:
+      - name: envoy.filters.network.tcp_proxy
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy
+          stat_prefix: tls
+          cluster: xds
+"#
+    )
+}
+
 pub fn bootstrap(node: &str, xds: &Xds, delta: bool) -> String {
+    bootstrap_with(node, xds, delta, "")
+}
+
+/// The bootstrap with `extra` appended under `static_resources:` (e.g. [`sds_listener`]).
+pub fn bootstrap_with(node: &str, xds: &Xds, delta: bool, extra: &str) -> String {
     let address = match xds {
         Xds::Tcp(addr) => {
             let (host, port) = addr.rsplit_once(':').unwrap();
@@ -74,15 +105,24 @@ static_resources:
       endpoints:
       - lb_endpoints:
         - endpoint: {{ address: {{ {address} }} }}
-"#
+{extra}"#
     )
 }
 
 impl Envoy {
     pub async fn start(node: &str, xds: Xds, delta: bool) -> Envoy {
+        Envoy::start_with(node, xds, delta, "").await
+    }
+
+    /// SotW ADS, and a TLS listener whose certificate is the SDS secret `secret`.
+    pub async fn start_sds(node: &str, xds: Xds, secret: &str) -> Envoy {
+        Envoy::start_with(node, xds, false, &sds_listener(secret)).await
+    }
+
+    pub async fn start_with(node: &str, xds: Xds, delta: bool, extra: &str) -> Envoy {
         let dir = TempDir::new("envoy");
         let config = dir.path().join("bootstrap.yaml");
-        std::fs::write(&config, bootstrap(node, &xds, delta)).unwrap();
+        std::fs::write(&config, bootstrap_with(node, &xds, delta, extra)).unwrap();
         let admin_file = dir.path().join("admin.txt");
         let log = std::fs::File::create(dir.path().join("envoy.log")).unwrap();
         let child = Command::new(binary())

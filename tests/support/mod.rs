@@ -6,6 +6,7 @@ pub mod certs;
 pub mod control_plane;
 pub mod echo;
 pub mod envoy;
+pub mod otlp;
 pub mod raw;
 pub mod resources;
 pub mod tap;

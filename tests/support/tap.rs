@@ -97,14 +97,22 @@ pub struct XdsTap {
 }
 
 impl XdsTap {
-    pub async fn start(mut options: TapOptions) -> XdsTap {
+    pub async fn start(options: TapOptions) -> XdsTap {
+        XdsTap::with_sinks(options, vec![]).await
+    }
+
+    /// A tap whose events also go to `sinks` (spans, status, ...).
+    pub async fn with_sinks(
+        mut options: TapOptions,
+        sinks: Vec<Box<dyn xdstap::observe::Sink>>,
+    ) -> XdsTap {
         let pipeline = xdstap::tap::Pipeline::start(
             xdstap::tap::PipelineOptions {
                 queue_capacity: 65_536,
                 recorded_events: 100_000,
                 ..Default::default()
             },
-            vec![],
+            sinks,
         );
         options.observer = pipeline.tap.clone();
         XdsTap {

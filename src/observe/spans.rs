@@ -1,0 +1,522 @@
+//! OpenTelemetry spans: one per push, from the push to its verdict, exported over OTLP (gRPC or
+//! HTTP/protobuf) by `opentelemetry-otlp`'s exporter.
+//!
+//! The batching is ours rather than the SDK's batch processor, so every dropped span is counted:
+//! the sink (on the event queue's task) hands finished spans to a bounded queue with `try_send`;
+//! one export task sends batches. A slow or dead backend fills the queue and costs dropped spans,
+//! never forwarding throughput and never unbounded memory.
+//!
+//! Trace ids: by default every span of one config version (every type, every proxy, every tap
+//! with the same control-plane id) shares a trace id derived from the version string, so one trace
+//! shows a whole rollout. Pushes without a version (Delta often has none) get a trace each.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use opentelemetry::trace::{
+    Event as SpanEvent, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
+};
+use opentelemetry::{Array, InstrumentationScope, KeyValue, StringValue, Value};
+use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanExporter as _, SpanLinks};
+use opentelemetry_sdk::Resource;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use xxhash_rust::xxh3::{xxh3_128, xxh3_64};
+
+use super::record::{VerdictRecord, NAMES_CAP};
+use super::Sink;
+use crate::correlate::{Event, Timestamp};
+
+/// OTLP transport.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    /// OTLP/gRPC (Jaeger and the Collector on 4317).
+    Grpc,
+    /// OTLP/HTTP with protobuf bodies (4318, `/v1/traces`).
+    HttpProtobuf,
+}
+
+impl std::str::FromStr for Protocol {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "grpc" => Ok(Protocol::Grpc),
+            "http/protobuf" | "http" => Ok(Protocol::HttpProtobuf),
+            other => Err(format!(
+                "unknown OTLP protocol {other:?}: expected grpc or http/protobuf"
+            )),
+        }
+    }
+}
+
+/// How spans are grouped into traces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grouping {
+    /// One trace per config version, across types, proxies and taps.
+    Version,
+    /// One trace per push.
+    Push,
+}
+
+impl std::str::FromStr for Grouping {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "version" => Ok(Grouping::Version),
+            "push" => Ok(Grouping::Push),
+            other => Err(format!(
+                "unknown grouping {other:?}: expected version or push"
+            )),
+        }
+    }
+}
+
+/// Span export settings.
+#[derive(Clone, Debug)]
+pub struct SpanSettings {
+    /// Base URL (`http://jaeger:4317`); `None`: the exporter reads
+    /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` / `OTEL_EXPORTER_OTLP_ENDPOINT`.
+    pub endpoint: Option<String>,
+    /// Transport.
+    pub protocol: Protocol,
+    /// Trace grouping.
+    pub grouping: Grouping,
+    /// Mixed into version-derived trace ids: taps in front of different control planes whose
+    /// version strings could collide get different traces.
+    pub control_plane_id: String,
+    /// Spans waiting for export before new ones are dropped.
+    pub queue: usize,
+    /// Spans per export call.
+    pub batch: usize,
+    /// Longest a finished span waits for its batch.
+    pub interval: Duration,
+    /// Per export call.
+    pub timeout: Duration,
+}
+
+impl Default for SpanSettings {
+    fn default() -> Self {
+        SpanSettings {
+            endpoint: None,
+            protocol: Protocol::HttpProtobuf,
+            grouping: Grouping::Version,
+            control_plane_id: String::new(),
+            queue: 2048,
+            batch: 512,
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Export counters.
+#[derive(Debug, Default)]
+pub struct SpanStats {
+    /// Spans the backend accepted.
+    pub exported: AtomicU64,
+    /// Spans lost: queue full, or their batch failed.
+    pub dropped: AtomicU64,
+    /// Export calls that failed or timed out.
+    pub export_errors: AtomicU64,
+}
+
+/// Why the exporter could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[error("OTLP exporter: {0}")]
+pub struct SetupError(String);
+
+/// The resource every span carries: `service.name` (`xdstap` unless `OTEL_SERVICE_NAME` or
+/// `OTEL_RESOURCE_ATTRIBUTES` says otherwise), `service.version`, `service.instance.id`,
+/// `host.name`, then whatever `OTEL_RESOURCE_ATTRIBUTES` adds.
+pub fn resource(instance: &str) -> Resource {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    let mut builder = Resource::builder_empty()
+        .with_attributes([
+            KeyValue::new("service.name", "xdstap"),
+            KeyValue::new("service.version", env!("CARGO_PKG_VERSION")),
+            KeyValue::new("service.instance.id", instance.to_string()),
+            KeyValue::new("host.name", host),
+        ])
+        .with_detector(Box::new(
+            opentelemetry_sdk::resource::EnvResourceDetector::new(),
+        ));
+    if let Ok(name) = std::env::var("OTEL_SERVICE_NAME") {
+        if !name.is_empty() {
+            builder = builder.with_service_name(name);
+        }
+    }
+    builder.build()
+}
+
+/// Starts the export task; the returned sink goes to the pipeline. The task ends, after a last
+/// flush, when the sink is dropped.
+pub fn start(
+    settings: SpanSettings,
+    stats: Arc<SpanStats>,
+) -> Result<(SpanSink, JoinHandle<()>), SetupError> {
+    // Headers, compression and the endpoint when not given come from the standard
+    // OTEL_EXPORTER_OTLP_* variables, read by the exporter's builder.
+    use opentelemetry_otlp::WithExportConfig;
+    let instance = format!("{:032x}", instance_seed());
+    let mut exporter = match settings.protocol {
+        Protocol::Grpc => {
+            let mut b = opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .with_timeout(settings.timeout);
+            if let Some(e) = &settings.endpoint {
+                b = b.with_endpoint(e.clone());
+            }
+            b.build()
+        }
+        Protocol::HttpProtobuf => {
+            let mut b = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .with_timeout(settings.timeout);
+            if let Some(e) = &settings.endpoint {
+                b = b.with_endpoint(http_traces_url(e));
+            }
+            b.build()
+        }
+    }
+    .map_err(|e| SetupError(e.to_string()))?;
+    exporter.set_resource(&resource(&instance));
+    let (tx, rx) = mpsc::channel(settings.queue.max(1));
+    let task = tokio::spawn(export_loop(exporter, rx, settings.clone(), stats.clone()));
+    let sink = SpanSink {
+        tx,
+        stats,
+        grouping: settings.grouping,
+        control_plane_id: settings.control_plane_id,
+        instance: xxh3_64(instance.as_bytes()),
+        scope: InstrumentationScope::builder("xdstap")
+            .with_version(env!("CARGO_PKG_VERSION"))
+            .build(),
+        changes: HashMap::new(),
+        last_warning: None,
+    };
+    Ok((sink, task))
+}
+
+/// `http://host:4318` -> `http://host:4318/v1/traces`, as the OTLP spec does for the base
+/// endpoint variable; a URL with a path is taken as is.
+fn http_traces_url(base: &str) -> String {
+    let after_scheme = base.split_once("://").map_or(base, |(_, rest)| rest);
+    if after_scheme.trim_end_matches('/').contains('/') {
+        base.to_string()
+    } else {
+        format!("{}/v1/traces", base.trim_end_matches('/'))
+    }
+}
+
+fn instance_seed() -> u128 {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut seed = Vec::new();
+    seed.extend_from_slice(&now.to_le_bytes());
+    seed.extend_from_slice(&std::process::id().to_le_bytes());
+    seed.extend_from_slice(
+        std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .unwrap_or_default()
+            .as_bytes(),
+    );
+    xxh3_128(&seed)
+}
+
+async fn export_loop(
+    exporter: opentelemetry_otlp::SpanExporter,
+    mut rx: mpsc::Receiver<SpanData>,
+    settings: SpanSettings,
+    stats: Arc<SpanStats>,
+) {
+    let mut warned: Option<Instant> = None;
+    let mut batch = Vec::with_capacity(settings.batch);
+    loop {
+        let deadline = tokio::time::Instant::now() + settings.interval;
+        let mut closed = false;
+        while batch.len() < settings.batch {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(span)) => batch.push(span),
+                Ok(None) => {
+                    closed = true;
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        if !batch.is_empty() {
+            let n = batch.len() as u64;
+            let sent = std::mem::replace(&mut batch, Vec::with_capacity(settings.batch));
+            let result = tokio::time::timeout(settings.timeout, exporter.export(sent)).await;
+            let failure = match result {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(_) => Some(format!("no answer within {:?}", settings.timeout)),
+            };
+            match failure {
+                None => {
+                    stats.exported.fetch_add(n, Ordering::Relaxed);
+                }
+                Some(why) => {
+                    stats.export_errors.fetch_add(1, Ordering::Relaxed);
+                    stats.dropped.fetch_add(n, Ordering::Relaxed);
+                    if warned.is_none_or(|t| t.elapsed() >= WARN_INTERVAL) {
+                        warned = Some(Instant::now());
+                        tracing::warn!(
+                            dropped_total = stats.dropped.load(Ordering::Relaxed),
+                            "span export failed, {n} spans dropped: {why}"
+                        );
+                    }
+                }
+            }
+        }
+        if closed {
+            break;
+        }
+    }
+    let _ = exporter.shutdown_with_timeout(settings.timeout);
+}
+
+/// Drop warnings are logged at most this often.
+const WARN_INTERVAL: Duration = Duration::from_secs(30);
+/// Subscription changes waiting for their next push, at most this many streams x types.
+const MAX_CHANGE_KEYS: usize = 4096;
+
+/// Turns verdict events into spans and hands them to the export task.
+pub struct SpanSink {
+    tx: mpsc::Sender<SpanData>,
+    stats: Arc<SpanStats>,
+    grouping: Grouping,
+    control_plane_id: String,
+    instance: u64,
+    scope: InstrumentationScope,
+    /// (stream, type_url) -> subscription changes seen since that type's last verdict: they
+    /// become events of the next push's span (typically the push they asked for).
+    changes: HashMap<(u64, String), Vec<SpanEvent>>,
+    last_warning: Option<Instant>,
+}
+
+fn time(t: Timestamp) -> SystemTime {
+    UNIX_EPOCH + Duration::from_nanos(t)
+}
+
+fn strings(names: &[String]) -> Value {
+    Value::Array(Array::String(
+        names
+            .iter()
+            .take(NAMES_CAP)
+            .map(|n| StringValue::from(n.clone()))
+            .collect(),
+    ))
+}
+
+impl SpanSink {
+    fn trace_id(&self, r: &VerdictRecord) -> TraceId {
+        let key = match self.grouping {
+            Grouping::Version if !r.version.is_empty() => {
+                format!("version\0{}\0{}", self.control_plane_id, r.version)
+            }
+            _ => format!(
+                "push\0{}\0{}\0{}\0{}",
+                self.instance, r.stream, r.type_url, r.nonce
+            ),
+        };
+        TraceId::from(xxh3_128(key.as_bytes()).max(1))
+    }
+
+    fn span_id(&self, r: &VerdictRecord) -> SpanId {
+        let key = format!(
+            "span\0{}\0{}\0{}\0{}",
+            self.instance, r.stream, r.type_url, r.nonce
+        );
+        SpanId::from(xxh3_64(key.as_bytes()).max(1))
+    }
+
+    /// The span of one verdict.
+    pub fn span(&mut self, event: &Event) -> Option<SpanData> {
+        let Event::Verdict {
+            push, decided_at, ..
+        } = event
+        else {
+            return None;
+        };
+        let r = VerdictRecord::from_event(event)?;
+        let (service, method) = r
+            .method
+            .trim_start_matches('/')
+            .split_once('/')
+            .map(|(s, m)| (s.to_string(), m.to_string()))
+            .unwrap_or_default();
+        let mut attributes = vec![
+            KeyValue::new("rpc.system", "grpc"),
+            KeyValue::new("rpc.service", service),
+            KeyValue::new("rpc.method", method),
+            KeyValue::new("xds.type_url", r.type_url.clone()),
+            KeyValue::new("xds.type", r.short_type.clone()),
+            KeyValue::new("xds.api", r.api),
+            KeyValue::new("xds.version", r.version.clone()),
+            KeyValue::new("xds.nonce", r.nonce.clone()),
+            KeyValue::new("xds.resource_count", r.resources as i64),
+            KeyValue::new("xds.resource_names", strings(&r.resource_names)),
+            KeyValue::new("xds.bytes", r.bytes as i64),
+            KeyValue::new("xds.verdict", r.verdict),
+            KeyValue::new("xds.node.id", r.node.clone()),
+            KeyValue::new("xds.node.cluster", r.node_cluster.clone()),
+            KeyValue::new("xds.node.user_agent", r.user_agent.clone()),
+            KeyValue::new("xds.stream.id", r.stream as i64),
+            KeyValue::new("client.address", r.downstream.clone()),
+            KeyValue::new("server.address", r.upstream.clone()),
+            KeyValue::new("xds.latency_ms", r.latency_ms),
+        ];
+        if !r.removed.is_empty() {
+            attributes.push(KeyValue::new("xds.removed_names", strings(&r.removed)));
+        }
+        if let Some(v) = &r.client_version {
+            attributes.push(KeyValue::new("xds.client_version", v.clone()));
+        }
+        if let Some(cp) = &r.control_plane {
+            attributes.push(KeyValue::new("xds.control_plane", cp.clone()));
+        }
+        let mut answer = vec![KeyValue::new("xds.verdict", r.verdict)];
+        if let Some(v) = &r.client_version {
+            answer.push(KeyValue::new("xds.client_version", v.clone()));
+        }
+        let mut status = Status::Unset;
+        if let (Some(code), Some(message)) = (r.error_code, &r.error_message) {
+            attributes.push(KeyValue::new("xds.error.code", code as i64));
+            attributes.push(KeyValue::new("xds.error.message", message.clone()));
+            attributes.push(KeyValue::new("xds.suspects", strings(&r.suspects)));
+            attributes.push(KeyValue::new("xds.changed", strings(&r.changed)));
+            answer.push(KeyValue::new("xds.error.message", message.clone()));
+            answer.push(KeyValue::new("xds.suspects", strings(&r.suspects)));
+            status = Status::Error {
+                description: Cow::Owned(message.clone()),
+            };
+        } else if r.verdict == "ack" {
+            status = Status::Ok;
+        }
+        if let Some(by) = &r.superseded_by {
+            attributes.push(KeyValue::new("xds.superseded_by", by.clone()));
+            answer.push(KeyValue::new("xds.superseded_by", by.clone()));
+        }
+        if let Some(code) = r.grpc_status {
+            attributes.push(KeyValue::new("rpc.grpc.status_code", code as i64));
+        }
+        if let Some(m) = &r.end_message {
+            attributes.push(KeyValue::new("xds.end_message", m.clone()));
+            answer.push(KeyValue::new("xds.end_message", m.clone()));
+        }
+        let mut events = SpanEvents::default();
+        if let Some(changes) = self.changes.remove(&(r.stream, r.type_url.clone())) {
+            events.events.extend(changes);
+        }
+        events.events.push(SpanEvent::new(
+            format!("xds.{}", r.verdict),
+            time(*decided_at),
+            answer,
+            0,
+        ));
+        Some(SpanData {
+            span_context: SpanContext::new(
+                self.trace_id(&r),
+                self.span_id(&r),
+                TraceFlags::SAMPLED,
+                false,
+                TraceState::default(),
+            ),
+            parent_span_id: SpanId::INVALID,
+            parent_span_is_remote: false,
+            span_kind: SpanKind::Internal,
+            name: Cow::Owned(format!("xds.push {}", r.short_type)),
+            start_time: time(push.at),
+            end_time: time(*decided_at),
+            attributes,
+            dropped_attributes_count: 0,
+            events,
+            links: SpanLinks::default(),
+            status,
+            instrumentation_scope: self.scope.clone(),
+        })
+    }
+
+    fn note_change(&mut self, event: &Event) {
+        let Event::SubscriptionChange {
+            at,
+            names,
+            unsubscribed,
+        } = event
+        else {
+            return;
+        };
+        if self.changes.len() >= MAX_CHANGE_KEYS {
+            self.changes.clear();
+        }
+        let list = self
+            .changes
+            .entry((at.stream.stream_id, at.type_url.clone()))
+            .or_default();
+        if list.len() < 16 {
+            list.push(SpanEvent::new(
+                "xds.subscription_change",
+                time(at.time),
+                vec![
+                    KeyValue::new("xds.names", strings(names)),
+                    KeyValue::new("xds.unsubscribed", strings(unsubscribed)),
+                ],
+                0,
+            ));
+        }
+    }
+}
+
+impl Sink for SpanSink {
+    fn on_event(&mut self, event: &Event) {
+        if let Event::SubscriptionChange { .. } = event {
+            self.note_change(event);
+            return;
+        }
+        let Some(span) = self.span(event) else {
+            return;
+        };
+        if self.tx.try_send(span).is_err() {
+            let dropped = self.stats.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+            if self
+                .last_warning
+                .is_none_or(|t| t.elapsed() >= WARN_INTERVAL)
+            {
+                self.last_warning = Some(Instant::now());
+                tracing::warn!(
+                    dropped_total = dropped,
+                    "span export queue full (backend slow or down): dropping spans"
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_urls_get_the_traces_path() {
+        assert_eq!(
+            http_traces_url("http://127.0.0.1:4318"),
+            "http://127.0.0.1:4318/v1/traces"
+        );
+        assert_eq!(
+            http_traces_url("http://127.0.0.1:4318/"),
+            "http://127.0.0.1:4318/v1/traces"
+        );
+        assert_eq!(
+            http_traces_url("http://collector/custom/traces"),
+            "http://collector/custom/traces"
+        );
+    }
+}

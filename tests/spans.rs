@@ -399,3 +399,53 @@ async fn a_secret_private_key_appears_in_no_output() {
         assert!(!text.contains("PRIVATE KEY"), "key material in the {what}");
     }
 }
+
+/// Spans still waiting for their batch when the tap shuts down are delivered, not lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_flushes_waiting_spans() {
+    let receiver = Receiver::http().await;
+    let stats = Arc::new(SpanStats::default());
+    let (sink, export) = xdstap::observe::spans::start(
+        SpanSettings {
+            // Nothing would leave before shutdown on its own.
+            interval: Duration::from_secs(3600),
+            ..settings(&receiver.endpoint, Protocol::HttpProtobuf)
+        },
+        stats.clone(),
+    )
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cp_addr = listener.local_addr().unwrap().to_string();
+    let cp = ControlPlane::new(Snapshot::standard("v1", 1000, 1000, 9));
+    let _server = cp.serve(listener);
+    let tap = XdsTap::with_sinks(TapOptions::new(&cp_addr), vec![Box::new(sink)]).await;
+    let envoy = Envoy::start("node-1", Xds::Tcp(tap.tap.addr.clone()), false).await;
+    envoy
+        .wait_stat("cluster_manager.cds.update_success", 1, 20)
+        .await;
+    support::eventually(20, "four acks", || {
+        (tap.verdicts().len() >= 4).then_some(())
+    })
+    .await;
+    assert!(
+        receiver.spans().is_empty(),
+        "nothing exported before shutdown"
+    );
+    let recorder = tap.pipeline.recorder.clone();
+    tap.pipeline.close().await;
+    tokio::time::timeout(Duration::from_secs(20), export)
+        .await
+        .unwrap()
+        .unwrap();
+    let verdicts = recorder
+        .events()
+        .iter()
+        .filter(|e| matches!(e, xdstap::correlate::Event::Verdict { .. }))
+        .count();
+    assert_eq!(receiver.spans().len(), verdicts);
+    assert_eq!(
+        xdstap::observe::TapStats::get(&stats.exported),
+        verdicts as u64
+    );
+    drop(envoy);
+}

@@ -31,6 +31,23 @@ pub enum Command {
     CheckConfig(CheckArgs),
     /// Play the whole story in one process: control plane, tap and a client, with a bad push.
     Demo(DemoArgs),
+    /// Show which proxies are in sync, like `istioctl proxy-status`, from a running tap's admin
+    /// server. Exits 1 when any node is NACKED or STALE, 69 when the tap cannot be reached.
+    Status(StatusArgs),
+}
+
+/// `xdstap status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The tap's admin address: host:port or unix:/path.
+    #[arg(long, value_name = "ADDR", env = "XDSTAP_ADMIN", default_value = crate::admin::DEFAULT_ADMIN)]
+    pub admin: String,
+    /// Show only this node.
+    #[arg(long, value_name = "ID")]
+    pub node: Option<String>,
+    /// Output: table, wide (versions sent/accepted per type) or json.
+    #[arg(long, short = 'o', value_name = "FORMAT", default_value = "table")]
+    pub output: String,
 }
 
 /// `xdstap demo`.
@@ -142,6 +159,16 @@ pub struct Options {
     /// Mixed into version-derived trace ids; give each control plane its own.
     #[arg(long, value_name = "ID", help_heading = "Spans (OpenTelemetry)")]
     pub control_plane_id: Option<String>,
+    /// Admin server (/status, /metrics, /healthz, /readyz): host:port, unix:/path or off
+    /// [default: 127.0.0.1:9977].
+    #[arg(long, value_name = "ADDR", help_heading = "Admin and status")]
+    pub admin: Option<String>,
+    /// A push unanswered this long makes its type STALE [default: 30s].
+    #[arg(long, value_name = "DURATION", help_heading = "Admin and status")]
+    pub stale_after: Option<String>,
+    /// Disconnected nodes leave the status view after this long [default: 10m].
+    #[arg(long, value_name = "DURATION", help_heading = "Admin and status")]
+    pub forget_after: Option<String>,
 }
 
 impl Options {
@@ -174,6 +201,9 @@ impl Options {
             otlp_protocol: self.otlp_protocol.clone(),
             trace_grouping: self.trace_grouping.clone(),
             control_plane_id: self.control_plane_id.clone(),
+            admin: self.admin.clone(),
+            stale_after: self.stale_after.clone(),
+            forget_after: self.forget_after.clone(),
         }
     }
 }

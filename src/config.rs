@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::observe::spans::{Grouping, Protocol, SpanSettings};
+use crate::observe::status::StatusSettings;
 use crate::proxy::{ClientTls, Endpoint, ServerTls, Settings};
 
 /// A setting that cannot be used.
@@ -75,6 +76,31 @@ pub struct FileConfig {
     pub event_log: Option<PathBuf>,
     /// OpenTelemetry span export.
     pub spans: Option<FileSpans>,
+    /// The admin server and the status view.
+    pub admin: Option<FileAdmin>,
+}
+
+/// `admin:` in the YAML file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileAdmin {
+    /// `host:port`, `unix:/path`, or `off`.
+    pub address: Option<String>,
+    /// A push unanswered this long is STALE, e.g. `30s`.
+    pub stale_after: Option<String>,
+    /// Disconnected nodes leave the status view after this long, e.g. `10m`.
+    pub forget_after: Option<String>,
+    /// At most this many nodes are kept.
+    pub max_nodes: Option<usize>,
+}
+
+/// Validated admin settings.
+#[derive(Debug, Clone)]
+pub struct AdminSettings {
+    /// Where the admin server listens.
+    pub address: Endpoint,
+    /// How the status board ages entries.
+    pub status: StatusSettings,
 }
 
 /// `spans:` in the YAML file.
@@ -178,6 +204,9 @@ pub struct Overrides {
     pub otlp_protocol: Option<String>,
     pub trace_grouping: Option<String>,
     pub control_plane_id: Option<String>,
+    pub admin: Option<String>,
+    pub stale_after: Option<String>,
+    pub forget_after: Option<String>,
 }
 
 /// Validated settings for `xdstap run`.
@@ -203,6 +232,8 @@ pub struct Config {
     pub event_log: Option<PathBuf>,
     /// Span export, when an endpoint is configured (here or by OTEL_EXPORTER_OTLP_*).
     pub spans: Option<SpanSettings>,
+    /// The admin server; `None` when turned off.
+    pub admin: Option<AdminSettings>,
 }
 
 impl FileConfig {
@@ -483,6 +514,45 @@ impl Config {
             }
         };
 
+        let fadmin = file.admin.unwrap_or_default();
+        let admin_address = flags
+            .admin
+            .or(fadmin.address)
+            .unwrap_or_else(|| crate::admin::DEFAULT_ADMIN.into());
+        let admin = if admin_address == "off" {
+            None
+        } else {
+            let address = endpoint("admin.address", "--admin", &admin_address)?;
+            let mut status = StatusSettings::default();
+            if let Some(v) = flags.stale_after.or(fadmin.stale_after) {
+                status.stale_after = parse_duration(&v)
+                    .map_err(|r| invalid("admin.stale_after", "--stale-after", &v, r))?;
+                if status.stale_after.is_zero() {
+                    return Err(invalid(
+                        "admin.stale_after",
+                        "--stale-after",
+                        &v,
+                        "must be greater than 0",
+                    ));
+                }
+            }
+            if let Some(v) = flags.forget_after.or(fadmin.forget_after) {
+                status.forget_after = parse_duration(&v)
+                    .map_err(|r| invalid("admin.forget_after", "--forget-after", &v, r))?;
+            }
+            if let Some(n) = fadmin.max_nodes {
+                if n == 0 {
+                    return Err(invalid(
+                        "admin.max_nodes",
+                        "config file",
+                        "0",
+                        "must be at least 1",
+                    ));
+                }
+                status.max_nodes = n;
+            }
+            Some(AdminSettings { address, status })
+        };
         let spans = spans(
             file.spans.unwrap_or_default(),
             SpanFlags {
@@ -510,6 +580,7 @@ impl Config {
             decode_limit,
             event_log: flags.event_log.or(file.event_log),
             spans,
+            admin,
         })
     }
 }

@@ -163,6 +163,16 @@ pub enum Event {
         /// The version the client said it has (ack/nack).
         client_version: Option<String>,
     },
+    /// The stream ended (the context's type is empty).
+    StreamEnd {
+        /// Where, who.
+        #[serde(flatten)]
+        at: Context,
+        /// grpc-status, when the call ended with one.
+        grpc_status: Option<i32>,
+        /// How it ended, for humans.
+        message: String,
+    },
     /// An answer naming an older nonce while a newer push is pending. Never an ACK of the newer.
     StaleAnswer {
         /// Where, who, what type.
@@ -186,7 +196,8 @@ impl Event {
             | Event::SubscriptionChange { at, .. }
             | Event::Push { at, .. }
             | Event::Verdict { at, .. }
-            | Event::StaleAnswer { at, .. } => at,
+            | Event::StaleAnswer { at, .. }
+            | Event::StreamEnd { at, .. } => at,
         }
     }
 }
@@ -238,6 +249,7 @@ pub struct Correlator {
     types: HashMap<String, TypeState>,
     /// Answers naming a nonce we never saw pushed (the tap started mid-stream, say).
     pub unmatched_answers: u64,
+    ended: bool,
 }
 
 impl Correlator {
@@ -249,6 +261,7 @@ impl Correlator {
             node: None,
             types: HashMap::new(),
             unmatched_answers: 0,
+            ended: false,
         }
     }
 
@@ -460,7 +473,8 @@ impl Correlator {
         out.push(Event::Push { at, push });
     }
 
-    /// The stream ended: every pending push is unanswered.
+    /// The stream ended: every pending push is unanswered, then one [`Event::StreamEnd`].
+    /// Later calls (the trailers came first, then the stream closed) do nothing.
     pub fn on_stream_end(
         &mut self,
         grpc_status: Option<i32>,
@@ -468,6 +482,10 @@ impl Correlator {
         now: Timestamp,
         out: &mut Vec<Event>,
     ) {
+        if self.ended {
+            return;
+        }
+        self.ended = true;
         let mut types: Vec<_> = self.types.keys().cloned().collect();
         types.sort();
         for type_url in types {
@@ -486,6 +504,11 @@ impl Correlator {
                 });
             }
         }
+        out.push(Event::StreamEnd {
+            at: self.context("", now),
+            grpc_status,
+            message: message.into(),
+        });
     }
 }
 

@@ -329,6 +329,7 @@ impl Printer {
                 Event::StaleAnswer { nonce, pending_nonce, .. } => {
                     self.paint("33", &format!("{t}  {ty:4} stale answer to nonce {nonce} while {pending_nonce} is pending (not an ACK of it)"))
                 }
+                Event::StreamEnd { .. } => continue,
             };
             println!("{line}");
         }

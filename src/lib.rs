@@ -10,11 +10,15 @@
 //! - [`grpc`]: gRPC message framing, streamed.
 //! - [`xds`]: method classification and the streaming decoder of the four xDS messages.
 //! - [`correlate`]: the pure state machine that pairs pushes with answers.
-//! - [`observe`]: the bounded event queue and its sinks (log lines).
+//! - [`observe`]: the bounded event queue and its sinks: log lines, the JSON-lines event log,
+//!   OTLP spans, the status board, Prometheus metrics.
 //! - [`tap`]: the proxy's observer: framing -> decode -> correlate -> queue, inline.
-//! - [`config`], [`cli`]: settings and the command line.
+//! - [`admin`]: the admin HTTP server (`/status`, `/metrics`, `/healthz`, `/readyz`).
+//! - [`config`], [`cli`]: settings and the command line; [`status`]: `xdstap status`.
+//! - [`demo`]: the embedded control plane and client of `xdstap demo`.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod correlate;
@@ -22,5 +26,6 @@ pub mod demo;
 pub mod grpc;
 pub mod observe;
 pub mod proxy;
+pub mod status;
 pub mod tap;
 pub mod xds;

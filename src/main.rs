@@ -10,6 +10,8 @@ use xdstap::config::{Config, FileConfig, LogFormat};
 use xdstap::proxy::{Connector, Listener, Proxy};
 
 const EX_USAGE: u8 = 64;
+/// EX_UNAVAILABLE: the tap's admin server could not be asked.
+const EX_UNAVAILABLE: u8 = 69;
 /// Events waiting for the sinks before new ones are dropped (and counted).
 const EVENT_QUEUE: usize = 16_384;
 
@@ -79,6 +81,42 @@ fn main() -> ExitCode {
                 Err(e) => {
                     eprintln!("xdstap demo: {e:#}");
                     ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Status(args) => {
+            let wide = match args.output.as_str() {
+                "table" => false,
+                "wide" => true,
+                "json" => false,
+                other => {
+                    return usage_error(format!(
+                        "invalid --output {other:?}: expected table, wide or json"
+                    ))
+                }
+            };
+            match xdstap::status::fetch(&args.admin, args.node.as_deref()) {
+                Ok(report) => {
+                    if args.output == "json" {
+                        println!(
+                            "{}",
+                            serde_json::to_string_pretty(&report).unwrap_or_default()
+                        );
+                    } else {
+                        print!("{}", xdstap::status::render(&report, wide));
+                    }
+                    if xdstap::status::has_problems(&report) {
+                        ExitCode::from(1)
+                    } else {
+                        ExitCode::SUCCESS
+                    }
+                }
+                Err(xdstap::status::FetchError::Address(a, e)) => {
+                    usage_error(format!("invalid --admin {a:?}: {e}"))
+                }
+                Err(e) => {
+                    eprintln!("xdstap status: {e}");
+                    ExitCode::from(EX_UNAVAILABLE)
                 }
             }
         }
@@ -192,6 +230,32 @@ async fn run(config: Config) -> Result<(), RunError> {
         sinks.push(Box::new(sink));
         exporter = Some(task);
     }
+    let status = xdstap::observe::status::StatusBoard::new(
+        config
+            .admin
+            .as_ref()
+            .map(|a| a.status.clone())
+            .unwrap_or_default(),
+    );
+    sinks.push(Box::new(status.clone()));
+    // Bind the admin server before anything is forwarded, so a bad address fails the start.
+    let admin_listener = match &config.admin {
+        Some(a) => Some(
+            xdstap::admin::AdminListener::bind(&a.address)
+                .await
+                .map_err(|e| {
+                    RunError::Other(anyhow::anyhow!(
+                        "cannot listen on admin address {} (--admin): {e}",
+                        a.address
+                    ))
+                })?,
+        ),
+        None => None,
+    };
+    // The metrics read the pipeline's counters, which exist once it starts; the sink that
+    // counts pushes joins the sinks through a handle filled in below.
+    let pushes = xdstap::observe::metrics::PushSlot::default();
+    sinks.push(Box::new(pushes.clone()));
     let pipeline = xdstap::tap::Pipeline::start(
         xdstap::tap::PipelineOptions {
             queue_capacity: EVENT_QUEUE,
@@ -207,9 +271,31 @@ async fn run(config: Config) -> Result<(), RunError> {
         config.proxy.clone(),
         observer,
     );
+    let (registry, push_metrics) =
+        xdstap::observe::metrics::registry(xdstap::observe::metrics::Sources {
+            proxy: proxy.stats(),
+            tap: pipeline.stats.clone(),
+            spans: span_stats.clone(),
+            status: status.clone(),
+        });
+    pushes.fill(push_metrics);
+    let admin_task = admin_listener.map(|l| {
+        tracing::info!(admin = %l.local_addr(), "Admin server listening (/status /metrics /healthz /readyz)");
+        tokio::spawn(xdstap::admin::serve(
+            l,
+            Arc::new(xdstap::admin::Admin {
+                status: status.clone(),
+                registry,
+                upstream: config.upstream.clone(),
+            }),
+        ))
+    });
     tracing::info!(listen = %proxy.local_addr(), upstream = %config.upstream, "Listening");
     proxy.serve(shutdown_signal()).await;
     pipeline.close().await;
+    if let Some(t) = admin_task {
+        t.abort();
+    }
     if let Some(task) = exporter {
         if tokio::time::timeout(std::time::Duration::from_secs(15), task)
             .await
@@ -236,8 +322,10 @@ async fn shutdown_signal() {
 fn init_logging(format: LogFormat, level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_new(level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),

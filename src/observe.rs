@@ -3,8 +3,10 @@
 //! one log line per verdict, and a recorder the status view and tests read.
 
 pub mod eventlog;
+pub mod metrics;
 pub mod record;
 pub mod spans;
+pub mod status;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,12 +34,36 @@ pub struct TapStats {
     pub framing_errors: AtomicU64,
     /// Answers naming a nonce the tap never saw pushed.
     pub unmatched_answers: AtomicU64,
+    /// gRPC messages forwarded client -> control plane (any method).
+    pub request_messages: AtomicU64,
+    /// gRPC messages forwarded control plane -> client (any method).
+    pub response_messages: AtomicU64,
+    /// Open SotW xDS streams.
+    pub streams_sotw: AtomicU64,
+    /// Open Delta xDS streams.
+    pub streams_delta: AtomicU64,
 }
 
 impl TapStats {
     /// Reads a counter.
     pub fn get(c: &AtomicU64) -> u64 {
         c.load(Ordering::Relaxed)
+    }
+
+    /// The message counter of a direction.
+    pub fn messages(&self, d: crate::proxy::Direction) -> &AtomicU64 {
+        match d {
+            crate::proxy::Direction::Request => &self.request_messages,
+            crate::proxy::Direction::Response => &self.response_messages,
+        }
+    }
+
+    /// The open-streams gauge of an API.
+    pub fn api_streams(&self, api: crate::xds::Api) -> &AtomicU64 {
+        match api {
+            crate::xds::Api::Sotw => &self.streams_sotw,
+            crate::xds::Api::Delta => &self.streams_delta,
+        }
     }
 }
 

@@ -52,8 +52,13 @@ impl Observe for Tap {
                 id: info.id,
                 path: info.path.into(),
                 counts: [Count::default(); 2],
+                deframers: [Some(Deframer::new()), Some(Deframer::new())],
+                stats: self.stats.clone(),
             });
         };
+        self.stats
+            .api_streams(method.api)
+            .fetch_add(1, Ordering::Relaxed);
         let encoding = info
             .headers
             .get("grpc-encoding")
@@ -91,16 +96,35 @@ struct Count {
     bytes: u64,
 }
 
-/// A non-xDS stream: counted, logged at stream end at debug.
+/// A non-xDS stream: bytes and gRPC messages counted, logged at stream end at debug.
 struct Counting {
     id: u64,
     path: String,
     counts: [Count; 2],
+    /// Per direction; dropped when the body turns out not to be gRPC-framed.
+    deframers: [Option<Deframer>; 2],
+    stats: Arc<TapStats>,
 }
 
 impl StreamObserver for Counting {
     fn on_data(&mut self, direction: Direction, chunk: &Bytes) {
-        self.counts[direction as usize].bytes += chunk.len() as u64;
+        let i = direction as usize;
+        self.counts[i].bytes += chunk.len() as u64;
+        if let Some(d) = self.deframers[i].as_mut() {
+            let mut messages = 0;
+            let framed = d.feed(chunk, &mut |f| {
+                if let Frame::End = f {
+                    messages += 1;
+                }
+            });
+            self.counts[i].messages += messages;
+            self.stats
+                .messages(direction)
+                .fetch_add(messages, Ordering::Relaxed);
+            if framed.is_err() {
+                self.deframers[i] = None;
+            }
+        }
     }
     fn on_end(&mut self, end: &StreamEnd) {
         tracing::debug!(stream = self.id, path = %self.path, request_bytes = self.counts[0].bytes,
@@ -172,6 +196,7 @@ impl StreamObserver for XdsStream {
             count,
             ..
         } = half;
+        let messages_before = count.messages;
         let framed = deframer.feed(chunk, &mut |frame| match frame {
             Frame::Start { compressed, len } => {
                 *decoder = Some(MessageDecoder::new(
@@ -194,6 +219,9 @@ impl StreamObserver for XdsStream {
                 }
             }
         });
+        self.stats
+            .messages(direction)
+            .fetch_add(count.messages - messages_before, Ordering::Relaxed);
         if framed.is_err() {
             half.broken = true;
             half.decoder = None;
@@ -268,6 +296,14 @@ impl StreamObserver for XdsStream {
             response_bytes = self.response.count.bytes,
             "xDS stream closed"
         );
+    }
+}
+
+impl Drop for XdsStream {
+    fn drop(&mut self) {
+        self.stats
+            .api_streams(self.method.api)
+            .fetch_sub(1, Ordering::Relaxed);
     }
 }
 

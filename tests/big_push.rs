@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -177,15 +177,6 @@ fn memory_kib(pid: u32, field: &str) -> u64 {
         .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"))
 }
 
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn verdicts(path: &std::path::Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
@@ -202,13 +193,13 @@ async fn a_100_mib_push_is_decoded_in_bounded_memory() {
     tokio::spawn(control_plane(cp));
     let sock = dir.path().join("tap.sock");
     let events = dir.path().join("events.jsonl");
-    let tap = Process(
+    let tap = support::Child(
         Command::new(env!("CARGO_BIN_EXE_xdstap"))
             .args(["run", "--listen"])
             .arg(format!("unix:{}", sock.display()))
             .args(["--upstream", &upstream, "--event-log"])
             .arg(&events)
-            .args(["--log-level", "warn"])
+            .args(["--log-level", "warn", "--admin", "127.0.0.1:0"])
             .stdout(Stdio::null())
             .spawn()
             .unwrap(),

@@ -340,27 +340,31 @@ async fn a_secret_private_key_appears_in_no_output() {
     let sock = dir.path().join("tap.sock");
     let events = dir.path().join("events.jsonl");
     let stderr = dir.path().join("stderr.log");
-    let mut tap = Command::new(env!("CARGO_BIN_EXE_xdstap"))
-        .args(["run", "--listen"])
-        .arg(format!("unix:{}", sock.display()))
-        .args([
-            "--upstream",
-            &cp_addr,
-            "--otlp-endpoint",
-            &receiver.endpoint,
-        ])
-        .args([
-            "--otlp-protocol",
-            "grpc",
-            "--log-level",
-            "debug",
-            "--event-log",
-        ])
-        .arg(&events)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&stderr).unwrap())
-        .spawn()
-        .unwrap();
+    let mut tap = support::Child(
+        Command::new(env!("CARGO_BIN_EXE_xdstap"))
+            .args(["run", "--listen"])
+            .arg(format!("unix:{}", sock.display()))
+            .args([
+                "--upstream",
+                &cp_addr,
+                "--otlp-endpoint",
+                &receiver.endpoint,
+            ])
+            .args([
+                "--otlp-protocol",
+                "grpc",
+                "--log-level",
+                "debug",
+                "--admin",
+                "127.0.0.1:0",
+                "--event-log",
+            ])
+            .arg(&events)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap(),
+    );
     support::eventually(10, "the tap's socket", || sock.exists().then_some(())).await;
     let envoy = Envoy::start_sds("node-1", Xds::Unix(sock.clone()), "gateway-cert").await;
     let span = wait_span(&receiver, "SDS ack span", |s| {
@@ -371,11 +375,7 @@ async fn a_secret_private_key_appears_in_no_output() {
     assert_eq!(span[0].strings("xds.resource_names"), ["gateway-cert"]);
     drop(envoy);
     // SIGTERM, so the tap flushes and exits as in production.
-    Command::new("kill")
-        .args(["-TERM", &tap.id().to_string()])
-        .status()
-        .unwrap();
-    let _ = tap.wait();
+    tap.terminate();
 
     let log = std::fs::read_to_string(&stderr).unwrap();
     let event_log = std::fs::read_to_string(&events).unwrap();

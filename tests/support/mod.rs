@@ -7,6 +7,7 @@ pub mod control_plane;
 pub mod echo;
 pub mod envoy;
 pub mod otlp;
+pub mod prom;
 pub mod raw;
 pub mod resources;
 pub mod tap;
@@ -49,5 +50,28 @@ pub async fn eventually<T>(secs: u64, what: &str, mut check: impl FnMut() -> Opt
             panic!("timed out after {secs}s waiting for {what}");
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// A child process killed (and reaped) when dropped, so a failing test leaves nothing running.
+pub struct Child(pub std::process::Child);
+
+impl Child {
+    pub fn id(&self) -> u32 {
+        self.0.id()
+    }
+    /// SIGTERM and wait, as a service manager stops it.
+    pub fn terminate(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }

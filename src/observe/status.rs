@@ -1,0 +1,644 @@
+//! The live sync status: per client node and type, SYNCED / NACKED / STALE / PENDING / NOT SENT,
+//! with versions, the last error and counts. Fed by events on the queue's task, read by the
+//! admin server. Memory is bounded: disconnected nodes are forgotten after a while, and past
+//! `max_nodes` the longest-idle node goes first.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::record::{rfc3339, NAMES_CAP};
+use super::Sink;
+use crate::correlate::{Event, Timestamp, Verdict};
+use crate::xds::short_type;
+
+/// How the board ages entries.
+#[derive(Clone, Debug)]
+pub struct StatusSettings {
+    /// A push unanswered this long makes its type STALE.
+    pub stale_after: Duration,
+    /// A node with no connected stream is forgotten after this long.
+    pub forget_after: Duration,
+    /// At most this many nodes are kept.
+    pub max_nodes: usize,
+}
+
+impl Default for StatusSettings {
+    fn default() -> Self {
+        StatusSettings {
+            stale_after: Duration::from_secs(30),
+            forget_after: Duration::from_secs(600),
+            max_nodes: 100_000,
+        }
+    }
+}
+
+/// The sync state of one type for one node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum SyncState {
+    /// The last push was accepted.
+    Synced,
+    /// A push went out and its answer is not yet overdue (and nothing was accepted before).
+    Pending,
+    /// Subscribed; nothing pushed yet.
+    NotSent,
+    /// The last answer was a NACK: the client runs an older config.
+    Nacked,
+    /// A push has gone unanswered for longer than the threshold.
+    Stale,
+}
+
+impl SyncState {
+    /// As shown in tables.
+    pub fn label(self) -> &'static str {
+        match self {
+            SyncState::Synced => "SYNCED",
+            SyncState::Pending => "PENDING",
+            SyncState::NotSent => "NOT SENT",
+            SyncState::Nacked => "NACKED",
+            SyncState::Stale => "STALE",
+        }
+    }
+
+    /// NACKED and STALE need someone's attention.
+    pub fn is_problem(self) -> bool {
+        matches!(self, SyncState::Nacked | SyncState::Stale)
+    }
+}
+
+/// The last NACK of a type.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct NackInfo {
+    /// `error_detail.code`.
+    pub code: i32,
+    /// The client's message.
+    pub message: String,
+    /// Suspect resources (capped).
+    pub suspects: Vec<String>,
+    /// The version that was rejected.
+    pub version: String,
+    /// When the type became NACKED (the first of consecutive NACKs).
+    pub since: String,
+}
+
+/// One type of one node, as `/status` shows it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TypeStatus {
+    /// `CDS`, `EDS`, ... or the type URL.
+    #[serde(rename = "type")]
+    pub short_type: String,
+    /// Full type URL.
+    pub type_url: String,
+    /// The state now.
+    pub state: SyncState,
+    /// Version last pushed.
+    pub version_sent: Option<String>,
+    /// Version last accepted.
+    pub version_accepted: Option<String>,
+    /// Nonce of the last push.
+    pub nonce: Option<String>,
+    /// When the last push went out.
+    pub last_push_at: Option<String>,
+    /// Since when a push has been waiting for its answer.
+    pub pending_since: Option<String>,
+    /// Push to answer of the last answered push, milliseconds.
+    pub latency_ms: Option<f64>,
+    /// Pushes seen.
+    pub pushes: u64,
+    /// ACKs.
+    pub acks: u64,
+    /// NACKs.
+    pub nacks: u64,
+    /// Pushes superseded before an answer.
+    pub superseded: u64,
+    /// Pushes left unanswered by a stream end.
+    pub unanswered: u64,
+    /// The current NACK, when NACKED.
+    pub nack: Option<NackInfo>,
+}
+
+/// One node, as `/status` shows it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct NodeStatus {
+    /// `node.id`.
+    pub id: String,
+    /// `node.cluster`.
+    pub cluster: String,
+    /// Client user agent.
+    pub user_agent: String,
+    /// The worst state over its types.
+    pub state: SyncState,
+    /// Whether any of its xDS streams is open.
+    pub connected: bool,
+    /// Open xDS streams.
+    pub streams: usize,
+    /// Last event.
+    pub last_seen: String,
+    /// When its last stream closed, while disconnected.
+    pub disconnected_at: Option<String>,
+    /// Per type, sorted by short type.
+    pub types: Vec<TypeStatus>,
+}
+
+/// `/status`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct StatusReport {
+    /// When this was taken.
+    pub generated_at: String,
+    /// The STALE threshold, seconds.
+    pub stale_after_seconds: f64,
+    /// Nodes, sorted by id.
+    pub nodes: Vec<NodeStatus>,
+}
+
+#[derive(Default)]
+struct TypeState {
+    version_sent: Option<String>,
+    version_accepted: Option<String>,
+    nonce: Option<String>,
+    last_push_at: Option<Timestamp>,
+    pending: Option<(String, Timestamp)>,
+    latency_ns: Option<u64>,
+    pushes: u64,
+    acks: u64,
+    nacks: u64,
+    superseded: u64,
+    unanswered: u64,
+    nack: Option<(NackInfo, Timestamp)>,
+}
+
+struct NodeState {
+    cluster: String,
+    user_agent: String,
+    streams: HashSet<u64>,
+    last_seen: Timestamp,
+    disconnected_at: Option<Timestamp>,
+    types: BTreeMap<String, TypeState>,
+}
+
+#[derive(Default)]
+struct Board {
+    nodes: HashMap<String, NodeState>,
+    /// stream id -> node key, for stream ends.
+    streams: HashMap<u64, String>,
+    evicted: u64,
+    last_sweep: Timestamp,
+}
+
+/// The shared status board.
+#[derive(Clone)]
+pub struct StatusBoard {
+    inner: Arc<Mutex<Board>>,
+    settings: StatusSettings,
+}
+
+fn node_key(event: &Event) -> String {
+    let at = event.context();
+    match &at.node {
+        Some(n) if !n.id.is_empty() => n.id.clone(),
+        _ => format!("(no node id, stream {})", at.stream.stream_id),
+    }
+}
+
+impl StatusBoard {
+    /// An empty board.
+    pub fn new(settings: StatusSettings) -> Self {
+        StatusBoard {
+            inner: Arc::default(),
+            settings,
+        }
+    }
+
+    /// Nodes evicted to stay under `max_nodes`.
+    pub fn evicted(&self) -> u64 {
+        self.lock().evicted
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Board> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies one event.
+    pub fn apply(&self, event: &Event) {
+        let mut board = self.lock();
+        let at = event.context();
+        let now = at.time;
+        let stream = at.stream.stream_id;
+        let key = match event {
+            // A stream that never said who it is leaves no trace.
+            Event::StreamEnd { .. } => match board.streams.remove(&stream) {
+                Some(k) => k,
+                None => return,
+            },
+            _ => node_key(event),
+        };
+        self.forget_old(&mut board, now);
+        if !board.nodes.contains_key(&key) {
+            if matches!(event, Event::StreamEnd { .. }) {
+                return;
+            }
+            self.make_room(&mut board);
+            board.nodes.insert(
+                key.clone(),
+                NodeState {
+                    cluster: String::new(),
+                    user_agent: String::new(),
+                    streams: HashSet::new(),
+                    last_seen: now,
+                    disconnected_at: None,
+                    types: BTreeMap::new(),
+                },
+            );
+        }
+        if !matches!(event, Event::StreamEnd { .. }) {
+            board.streams.insert(stream, key.clone());
+        }
+        let node = board.nodes.get_mut(&key).expect("inserted above");
+        node.last_seen = now;
+        if let Some(n) = &at.node {
+            if node.cluster != n.cluster {
+                node.cluster = n.cluster.clone();
+            }
+            if node.user_agent != n.user_agent {
+                node.user_agent = n.user_agent.clone();
+            }
+        }
+        if let Event::StreamEnd { .. } = event {
+            node.streams.remove(&stream);
+            if node.streams.is_empty() {
+                node.disconnected_at = Some(now);
+            }
+            return;
+        }
+        node.streams.insert(stream);
+        node.disconnected_at = None;
+        let t = node.types.entry(at.type_url.clone()).or_default();
+        match event {
+            Event::Resubscribe { version, .. }
+                if !version.is_empty() && t.version_accepted.is_none() =>
+            {
+                t.version_accepted = Some(version.clone());
+            }
+            Event::Push { push, .. } => {
+                t.pushes += 1;
+                t.version_sent = Some(push.version.clone());
+                t.nonce = Some(push.nonce.clone());
+                t.last_push_at = Some(push.at);
+                t.pending = Some((push.nonce.clone(), push.at));
+            }
+            Event::Verdict {
+                push,
+                verdict,
+                decided_at,
+                client_version,
+                ..
+            } => {
+                if t.pending.as_ref().is_some_and(|(n, _)| *n == push.nonce) {
+                    t.pending = None;
+                }
+                match verdict {
+                    Verdict::Ack => {
+                        t.acks += 1;
+                        t.latency_ns = Some(decided_at.saturating_sub(push.at));
+                        let accepted = client_version
+                            .clone()
+                            .filter(|v| !v.is_empty())
+                            .unwrap_or_else(|| push.version.clone());
+                        t.version_accepted = Some(accepted);
+                        t.nack = None;
+                    }
+                    Verdict::Nack {
+                        error, suspects, ..
+                    } => {
+                        t.nacks += 1;
+                        t.latency_ns = Some(decided_at.saturating_sub(push.at));
+                        let since = t.nack.as_ref().map_or(*decided_at, |(_, s)| *s);
+                        t.nack = Some((
+                            NackInfo {
+                                code: error.code,
+                                message: error.message.clone(),
+                                suspects: suspects.iter().take(NAMES_CAP).cloned().collect(),
+                                version: push.version.clone(),
+                                since: rfc3339(since),
+                            },
+                            since,
+                        ));
+                    }
+                    Verdict::Superseded { .. } => t.superseded += 1,
+                    Verdict::Unanswered { .. } => t.unanswered += 1,
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn forget_old(&self, board: &mut Board, now: Timestamp) {
+        // A sweep walks every node: at most once a second.
+        if now.saturating_sub(board.last_sweep) < 1_000_000_000 {
+            return;
+        }
+        board.last_sweep = now;
+        let limit = self.settings.forget_after.as_nanos() as u64;
+        let before = board.nodes.len();
+        board.nodes.retain(|_, n| {
+            n.disconnected_at
+                .is_none_or(|d| now.saturating_sub(d) < limit)
+        });
+        if board.nodes.len() != before {
+            let nodes = &board.nodes;
+            board.streams.retain(|_, k| nodes.contains_key(k));
+        }
+    }
+
+    fn make_room(&self, board: &mut Board) {
+        while board.nodes.len() >= self.settings.max_nodes.max(1) {
+            // Disconnected nodes go first, then the longest idle.
+            let victim = board
+                .nodes
+                .iter()
+                .min_by_key(|(_, n)| (n.disconnected_at.is_none(), n.last_seen))
+                .map(|(k, _)| k.clone());
+            let Some(victim) = victim else { break };
+            board.nodes.remove(&victim);
+            board.streams.retain(|_, k| *k != victim);
+            board.evicted += 1;
+        }
+    }
+
+    /// The status of every node (or one), as of `now`.
+    pub fn report(&self, now: Timestamp, only: Option<&str>) -> StatusReport {
+        let board = self.lock();
+        let stale = self.settings.stale_after.as_nanos() as u64;
+        let forget = self.settings.forget_after.as_nanos() as u64;
+        let mut nodes: Vec<NodeStatus> = board
+            .nodes
+            .iter()
+            .filter(|(id, _)| only.is_none_or(|o| o == id.as_str()))
+            .filter(|(_, n)| {
+                n.disconnected_at
+                    .is_none_or(|d| now.saturating_sub(d) < forget)
+            })
+            .map(|(id, n)| {
+                let mut types: Vec<TypeStatus> = n
+                    .types
+                    .iter()
+                    .map(|(url, t)| type_status(url, t, now, stale))
+                    .collect();
+                types.sort_by(|a, b| a.short_type.cmp(&b.short_type));
+                let state = worst(types.iter().map(|t| t.state));
+                NodeStatus {
+                    id: id.clone(),
+                    cluster: n.cluster.clone(),
+                    user_agent: n.user_agent.clone(),
+                    state,
+                    connected: !n.streams.is_empty(),
+                    streams: n.streams.len(),
+                    last_seen: rfc3339(n.last_seen),
+                    disconnected_at: n.disconnected_at.map(rfc3339),
+                    types,
+                }
+            })
+            .collect();
+        nodes.sort_by(|a, b| a.id.cmp(&b.id));
+        StatusReport {
+            generated_at: rfc3339(now),
+            stale_after_seconds: self.settings.stale_after.as_secs_f64(),
+            nodes,
+        }
+    }
+
+    /// How many nodes are in each (worst) state.
+    pub fn counts(&self, now: Timestamp) -> BTreeMap<SyncState, u64> {
+        let mut out = BTreeMap::new();
+        for n in self.report(now, None).nodes {
+            *out.entry(n.state).or_default() += 1;
+        }
+        out
+    }
+}
+
+/// The state a node shows: its worst type's. NOT SENT alone counts as fine.
+pub fn worst(states: impl Iterator<Item = SyncState>) -> SyncState {
+    let rank = |s: SyncState| match s {
+        SyncState::Stale => 4,
+        SyncState::Nacked => 3,
+        SyncState::Pending => 2,
+        SyncState::NotSent => 1,
+        SyncState::Synced => 0,
+    };
+    states
+        .max_by_key(|s| rank(*s))
+        .unwrap_or(SyncState::NotSent)
+}
+
+fn type_status(url: &str, t: &TypeState, now: Timestamp, stale: u64) -> TypeStatus {
+    let overdue = t
+        .pending
+        .as_ref()
+        .is_some_and(|(_, at)| now.saturating_sub(*at) >= stale);
+    let state = if overdue {
+        SyncState::Stale
+    } else if t.nack.is_some() {
+        SyncState::Nacked
+    } else if t.version_accepted.is_some() {
+        SyncState::Synced
+    } else if t.pending.is_some() {
+        SyncState::Pending
+    } else {
+        SyncState::NotSent
+    };
+    TypeStatus {
+        short_type: short_type(url).to_string(),
+        type_url: url.to_string(),
+        state,
+        version_sent: t.version_sent.clone(),
+        version_accepted: t.version_accepted.clone(),
+        nonce: t.nonce.clone(),
+        last_push_at: t.last_push_at.map(rfc3339),
+        pending_since: t.pending.as_ref().map(|(_, at)| rfc3339(*at)),
+        latency_ms: t.latency_ns.map(|n| n as f64 / 1e6),
+        pushes: t.pushes,
+        acks: t.acks,
+        nacks: t.nacks,
+        superseded: t.superseded,
+        unanswered: t.unanswered,
+        nack: t.nack.as_ref().map(|(n, _)| n.clone()),
+    }
+}
+
+impl Sink for StatusBoard {
+    fn on_event(&mut self, event: &Event) {
+        self.apply(event);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::correlate::{Correlator, StreamContext};
+    use crate::xds::{Api, ErrorDetail, Node, Request, ResourceRef, Response};
+
+    const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+    const S: u64 = 1_000_000_000;
+
+    fn req(node: Option<&str>, version: &str, nonce: &str, error: Option<&str>) -> Request {
+        Request {
+            node: node.map(|id| Node {
+                id: id.into(),
+                cluster: "c".into(),
+                user_agent: "envoy 1.40.0".into(),
+            }),
+            type_url: CDS.into(),
+            version_info: version.into(),
+            response_nonce: nonce.into(),
+            error_detail: error.map(|m| ErrorDetail {
+                code: 3,
+                message: m.into(),
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn resp(version: &str, nonce: &str, names: &[&str]) -> Response {
+        Response {
+            type_url: CDS.into(),
+            version_info: version.into(),
+            nonce: nonce.into(),
+            resources: names
+                .iter()
+                .map(|n| ResourceRef {
+                    name: n.to_string(),
+                    version: None,
+                    digest: n.len() as u64 + version.len() as u64,
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn stream(id: u64) -> Correlator {
+        Correlator::new(
+            Api::Sotw,
+            StreamContext {
+                stream_id: id,
+                ..Default::default()
+            },
+        )
+    }
+
+    fn feed(board: &StatusBoard, events: Vec<Event>) {
+        for e in &events {
+            board.apply(e);
+        }
+    }
+
+    fn cds(board: &StatusBoard, node: &str, now: Timestamp) -> TypeStatus {
+        board.report(now, Some(node)).nodes[0].types[0].clone()
+    }
+
+    #[test]
+    fn synced_nacked_stale_and_back() {
+        let board = StatusBoard::new(StatusSettings {
+            stale_after: Duration::from_secs(10),
+            ..Default::default()
+        });
+        let mut c = stream(1);
+        let mut e = Vec::new();
+        c.on_request(req(Some("n1"), "", "", None), S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        assert_eq!(cds(&board, "n1", S).state, SyncState::NotSent);
+
+        c.on_response(resp("v1", "1", &["a"]), 2 * S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        assert_eq!(cds(&board, "n1", 3 * S).state, SyncState::Pending);
+        assert_eq!(cds(&board, "n1", 12 * S).state, SyncState::Stale);
+
+        c.on_request(req(None, "v1", "1", None), 13 * S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        let t = cds(&board, "n1", 13 * S);
+        assert_eq!(t.state, SyncState::Synced);
+        assert_eq!(t.version_accepted.as_deref(), Some("v1"));
+        assert_eq!(t.latency_ms, Some(11_000.0));
+
+        c.on_response(resp("v2", "2", &["a", "b"]), 14 * S, &mut e);
+        c.on_request(req(None, "v1", "2", Some("bad b")), 15 * S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        let t = cds(&board, "n1", 15 * S);
+        assert_eq!(t.state, SyncState::Nacked);
+        assert_eq!(t.version_sent.as_deref(), Some("v2"));
+        assert_eq!(t.version_accepted.as_deref(), Some("v1"));
+        let nack = t.nack.unwrap();
+        assert_eq!(nack.message, "bad b");
+        assert_eq!(nack.suspects, ["b"]);
+        assert_eq!(nack.version, "v2");
+
+        // A new push while NACKED: still NACKED until answered, STALE once overdue.
+        c.on_response(resp("v3", "3", &["a"]), 16 * S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        assert_eq!(cds(&board, "n1", 17 * S).state, SyncState::Nacked);
+        assert_eq!(cds(&board, "n1", 30 * S).state, SyncState::Stale);
+        c.on_request(req(None, "v3", "3", None), 31 * S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        let t = cds(&board, "n1", 31 * S);
+        assert_eq!(t.state, SyncState::Synced);
+        assert!(t.nack.is_none());
+        assert_eq!((t.pushes, t.acks, t.nacks), (3, 2, 1));
+        let report = board.report(31 * S, None);
+        assert_eq!(report.nodes[0].state, SyncState::Synced);
+        assert!(report.nodes[0].connected);
+    }
+
+    #[test]
+    fn disconnected_nodes_are_forgotten_and_the_board_is_bounded() {
+        let board = StatusBoard::new(StatusSettings {
+            forget_after: Duration::from_secs(60),
+            max_nodes: 3,
+            ..Default::default()
+        });
+        let mut e = Vec::new();
+        let mut first = stream(1);
+        first.on_request(req(Some("gone"), "", "", None), S, &mut e);
+        first.on_stream_end(Some(14), "bye", 2 * S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        let r = board.report(3 * S, None);
+        assert!(!r.nodes[0].connected);
+        assert!(r.nodes[0].disconnected_at.is_some());
+
+        // 61 s later a new node's event sweeps the gone one out.
+        let mut c = stream(2);
+        c.on_request(req(Some("live-0"), "", "", None), 63 * S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        let ids: Vec<String> = board
+            .report(63 * S, None)
+            .nodes
+            .into_iter()
+            .map(|n| n.id)
+            .collect();
+        assert_eq!(ids, ["live-0"]);
+
+        for i in 1..10u64 {
+            let mut c = stream(10 + i);
+            c.on_request(
+                req(Some(&format!("live-{i}")), "", "", None),
+                (63 + i) * S,
+                &mut e,
+            );
+            feed(&board, std::mem::take(&mut e));
+        }
+        let ids: Vec<String> = board
+            .report(80 * S, None)
+            .nodes
+            .into_iter()
+            .map(|n| n.id)
+            .collect();
+        assert_eq!(
+            ids,
+            ["live-7", "live-8", "live-9"],
+            "the longest idle went first"
+        );
+        assert_eq!(board.evicted(), 7);
+    }
+}

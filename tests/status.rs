@@ -1,0 +1,470 @@
+//! The status view, metrics and admin server: two real Envoys through one tap, one of them
+//! given a config it rejects; a client that never answers turning STALE; `/metrics` parsed and
+//! checked against the control plane's records; the admin server on loopback by default.
+
+mod support;
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::control_plane::ControlPlane;
+use support::envoy::{Envoy, Xds};
+use support::resources::{Snapshot, CDS};
+use support::tap::{TapOptions, XdsTap};
+use xdstap::observe::metrics::{PushSlot, Sources};
+use xdstap::observe::status::{StatusBoard, StatusReport, StatusSettings, SyncState};
+use xdstap::proxy::Endpoint;
+
+/// The tap with the status board, metrics and an admin server on a loopback port.
+struct Monitored {
+    tap: XdsTap,
+    admin: String,
+    _server: tokio::task::JoinHandle<()>,
+}
+
+async fn monitored(upstream: &str, settings: StatusSettings) -> Monitored {
+    let status = StatusBoard::new(settings);
+    let pushes = PushSlot::default();
+    let tap = XdsTap::with_sinks(
+        TapOptions::new(upstream),
+        vec![Box::new(status.clone()), Box::new(pushes.clone())],
+    )
+    .await;
+    let (registry, metrics) = xdstap::observe::metrics::registry(Sources {
+        proxy: tap.tap.stats.clone(),
+        tap: tap.pipeline.stats.clone(),
+        spans: Arc::default(),
+        status: status.clone(),
+    });
+    pushes.fill(metrics);
+    let listener = xdstap::admin::AdminListener::bind(&Endpoint::Tcp("127.0.0.1:0".into()))
+        .await
+        .unwrap();
+    let admin = listener.local_addr();
+    let server = tokio::spawn(xdstap::admin::serve(
+        listener,
+        Arc::new(xdstap::admin::Admin {
+            status,
+            registry,
+            upstream: upstream.parse().unwrap(),
+        }),
+    ));
+    Monitored {
+        tap,
+        admin,
+        _server: server,
+    }
+}
+
+async fn report(admin: &str) -> StatusReport {
+    let admin = admin.to_string();
+    tokio::task::spawn_blocking(move || xdstap::status::fetch(&admin, None).unwrap())
+        .await
+        .unwrap()
+}
+
+/// GET over HTTP/1.1 with curl-free std I/O: (status code, body).
+async fn get(admin: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(admin).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).await.unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let code = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (code, body.to_string())
+}
+
+fn state(r: &StatusReport, node: &str, ty: &str) -> Option<SyncState> {
+    r.nodes
+        .iter()
+        .find(|n| n.id == node)?
+        .types
+        .iter()
+        .find(|t| t.short_type == ty)
+        .map(|t| t.state)
+}
+
+async fn wait_report(admin: &str, what: &str, f: impl Fn(&StatusReport) -> bool) -> StatusReport {
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    loop {
+        let r = report(admin).await;
+        if f(&r) {
+            return r;
+        }
+        if std::time::Instant::now() > deadline {
+            panic!(
+                "status never showed {what}:\n{}",
+                xdstap::status::render(&r, true)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `xdstap status ARGS`: (exit code, stdout).
+async fn status_cli(args: Vec<String>) -> (i32, String) {
+    tokio::task::spawn_blocking(move || {
+        let out = Command::new(env!("CARGO_BIN_EXE_xdstap"))
+            .arg("status")
+            .args(&args)
+            .stderr(Stdio::inherit())
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap(),
+            String::from_utf8(out.stdout).unwrap(),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+const TYPES: [&str; 4] = ["CDS", "EDS", "LDS", "RDS"];
+
+fn all_synced(r: &StatusReport, node: &str) -> bool {
+    TYPES
+        .iter()
+        .all(|t| state(r, node, t) == Some(SyncState::Synced))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_envoys_one_rejects_its_config() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cp_addr = listener.local_addr().unwrap().to_string();
+    let cp = ControlPlane::new(Snapshot::standard("v1", 1000, 1000, 9));
+    let _server = cp.serve(listener);
+    let m = monitored(&cp_addr, StatusSettings::default()).await;
+    let _one = Envoy::start("node-1", Xds::Tcp(m.tap.tap.addr.clone()), false).await;
+    let _two = Envoy::start("node-2", Xds::Tcp(m.tap.tap.addr.clone()), false).await;
+    let r = wait_report(&m.admin, "both nodes SYNCED", |r| {
+        all_synced(r, "node-1") && all_synced(r, "node-2")
+    })
+    .await;
+    let n1 = r.nodes.iter().find(|n| n.id == "node-1").unwrap();
+    assert!(n1.connected);
+    assert_eq!(n1.cluster, "test-cluster");
+    assert!(n1.user_agent.starts_with("envoy"), "{}", n1.user_agent);
+    let (code, out) = status_cli(vec!["--admin".into(), m.admin.clone()]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.starts_with("NODE"), "{out}");
+
+    // Only node-2's config differs: a harmless change to `a` with an invalid `b`.
+    cp.set_for_node("node-2", Snapshot::standard("v2", 2000, 0, 9));
+    let r = wait_report(&m.admin, "node-2 CDS NACKED", |r| {
+        state(r, "node-2", "CDS") == Some(SyncState::Nacked)
+    })
+    .await;
+    let n2 = r.nodes.iter().find(|n| n.id == "node-2").unwrap();
+    assert_eq!(n2.state, SyncState::Nacked);
+    let cds = n2.types.iter().find(|t| t.short_type == "CDS").unwrap();
+    let nack = cds.nack.clone().unwrap();
+    let recorded = cp
+        .answer_to(cds.nonce.as_deref().unwrap())
+        .unwrap()
+        .error
+        .unwrap();
+    assert_eq!(nack.message, recorded.1, "Envoy's own message");
+    assert!(nack
+        .message
+        .contains("ConnectTimeout: value must be greater than 0s"));
+    assert_eq!(nack.suspects, ["b"]);
+    assert_eq!(nack.version, "v2");
+    assert_eq!(cds.version_sent.as_deref(), Some("v2"));
+    assert_eq!(
+        cds.version_accepted.as_deref(),
+        Some("v1"),
+        "it stayed on v1"
+    );
+    assert!(all_synced(&r, "node-1"), "only node-2 and only CDS");
+    for t in ["LDS", "RDS"] {
+        assert_eq!(state(&r, "node-2", t), Some(SyncState::Synced));
+    }
+
+    let (code, out) = status_cli(vec!["--admin".into(), m.admin.clone()]).await;
+    assert_eq!(code, 1, "non-zero while a node is NACKED:\n{out}");
+    println!("xdstap status while node-2 is NACKED:\n{out}");
+    let row = out.lines().find(|l| l.starts_with("node-2")).unwrap();
+    assert!(row.contains("NACKED"), "{out}");
+    let row1 = out.lines().find(|l| l.starts_with("node-1")).unwrap();
+    assert!(!row1.contains("NACKED"), "{out}");
+    assert!(
+        out.contains("node-2 CDS NACKED")
+            && out.contains("ConnectTimeout: value must be greater than 0s")
+            && out.contains("[suspects: b]")
+            && out.contains("rejected v2, running v1"),
+        "{out}"
+    );
+    let (code, json) = status_cli(vec![
+        "--admin".into(),
+        m.admin.clone(),
+        "-o".into(),
+        "json".into(),
+    ])
+    .await;
+    assert_eq!(code, 1);
+    let parsed: StatusReport = serde_json::from_str(&json).unwrap();
+    assert_eq!(parsed.nodes.len(), 2);
+    let (code, out) = status_cli(vec![
+        "--admin".into(),
+        m.admin.clone(),
+        "--node".into(),
+        "node-1".into(),
+        "-o".into(),
+        "wide".into(),
+    ])
+    .await;
+    assert_eq!(code, 0, "node-1 alone is fine:\n{out}");
+    assert!(
+        out.contains("SYNCED v1") && !out.contains("node-2"),
+        "{out}"
+    );
+    let (code, _) = status_cli(vec![
+        "--admin".into(),
+        m.admin.clone(),
+        "--node".into(),
+        "node-9".into(),
+    ])
+    .await;
+    assert_eq!(code, 69, "an unknown node is not an answer");
+
+    // The fix: both SYNCED, exit 0.
+    cp.set_for_node("node-2", Snapshot::standard("v3", 2000, 1000, 9));
+    wait_report(&m.admin, "both SYNCED after the fix", |r| {
+        all_synced(r, "node-1") && all_synced(r, "node-2")
+    })
+    .await;
+    let (code, out) = status_cli(vec!["--admin".into(), m.admin.clone()]).await;
+    assert_eq!(code, 0, "{out}");
+
+    // /metrics parses, and its push counts are the control plane's.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (code, text) = get(&m.admin, "/metrics").await;
+    assert_eq!(code, 200);
+    let metrics = support::prom::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let sent = cp.sent();
+    let requests = cp.requests();
+    for ty in TYPES {
+        let url = support::resources::ORDER
+            .iter()
+            .find(|u| xdstap::xds::short_type(u) == ty)
+            .unwrap();
+        let nonces: Vec<&str> = sent
+            .iter()
+            .filter(|s| s.type_url == *url)
+            .map(|s| s.nonce.as_str())
+            .collect();
+        // A push's answer is the first request naming its nonce; later ones with the same
+        // nonce are subscription changes (EDS names after a CDS update), not answers.
+        let answers: Vec<_> = nonces
+            .iter()
+            .filter_map(|n| {
+                requests
+                    .iter()
+                    .find(|r| r.type_url == *url && r.response_nonce == *n)
+            })
+            .collect();
+        let acks = answers.iter().filter(|r| r.error.is_none()).count() as f64;
+        let nacks = answers.iter().filter(|r| r.error.is_some()).count() as f64;
+        assert_eq!(
+            metrics.get("xdstap_pushes_total", &[("type", ty), ("verdict", "ack")]),
+            acks,
+            "{ty} acks"
+        );
+        assert_eq!(
+            metrics.get("xdstap_pushes_total", &[("type", ty), ("verdict", "nack")]),
+            nacks,
+            "{ty} nacks"
+        );
+        assert_eq!(
+            metrics.get(
+                "xdstap_push_answer_seconds_count",
+                &[("type", ty), ("verdict", "ack")]
+            ),
+            acks
+        );
+    }
+    assert_eq!(
+        metrics.get(
+            "xdstap_pushes_total",
+            &[("type", "CDS"), ("verdict", "nack")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        metrics.get("xdstap_xds_streams_active", &[("api", "sotw")]),
+        2.0
+    );
+    assert_eq!(metrics.get("xdstap_clients", &[("state", "synced")]), 2.0);
+    assert!(metrics.get("xdstap_forwarded_bytes_total", &[("direction", "response")]) > 0.0);
+    assert!(
+        metrics.get(
+            "xdstap_forwarded_messages_total",
+            &[("direction", "request")]
+        ) > 0.0
+    );
+    assert_eq!(
+        metrics.get(
+            "xdstap_decode_errors_total",
+            &[("reason", "invalid_protobuf")]
+        ),
+        0.0
+    );
+    assert_eq!(
+        metrics.types.get("xdstap_pushes").map(String::as_str),
+        Some("counter")
+    );
+    assert_eq!(
+        metrics
+            .types
+            .get("xdstap_push_answer_seconds")
+            .map(String::as_str),
+        Some("histogram")
+    );
+    let _ = CDS;
+}
+
+/// A client that subscribes and never answers: PENDING, then STALE past the threshold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_answers_turns_stale() {
+    use envoy_types::pb::envoy::config::core::v3::Node;
+    use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+    use prost::Message as _;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cp_addr = listener.local_addr().unwrap().to_string();
+    let cp = ControlPlane::new(Snapshot::standard("v1", 1000, 1000, 9));
+    let _server = cp.serve(listener);
+    let m = monitored(
+        &cp_addr,
+        StatusSettings {
+            stale_after: Duration::from_millis(500),
+            ..Default::default()
+        },
+    )
+    .await;
+    let io = tokio::net::TcpStream::connect(&m.tap.tap.addr)
+        .await
+        .unwrap();
+    let mut client = support::raw::client(io).await;
+    let path = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
+    let (resp, mut send) = client
+        .send_request(support::raw::request(path), false)
+        .unwrap();
+    let m0 = DiscoveryRequest {
+        node: Some(Node {
+            id: "silent".into(),
+            ..Default::default()
+        }),
+        type_url: CDS.into(),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let mut framed = vec![0];
+    framed.extend_from_slice(&(m0.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&m0);
+    send.send_data(framed.into(), false).unwrap();
+    let mut body = resp.await.unwrap().into_body();
+    // Read the push and never answer it.
+    let chunk = body.data().await.unwrap().unwrap();
+    let _ = body.flow_control().release_capacity(chunk.len());
+    let r = report(&m.admin).await;
+    assert_eq!(
+        state(&r, "silent", "CDS"),
+        Some(SyncState::Pending),
+        "{r:?}"
+    );
+    let r = wait_report(&m.admin, "silent CDS STALE", |r| {
+        state(r, "silent", "CDS") == Some(SyncState::Stale)
+    })
+    .await;
+    let t = &r.nodes[0].types[0];
+    assert_eq!(t.version_sent.as_deref(), Some("v1"));
+    assert!(t.pending_since.is_some());
+    let (code, out) = status_cli(vec!["--admin".into(), m.admin.clone()]).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("silent CDS STALE: push v1"), "{out}");
+    let (_, text) = get(&m.admin, "/metrics").await;
+    let metrics = support::prom::parse(&text).unwrap();
+    assert_eq!(metrics.get("xdstap_clients", &[("state", "stale")]), 1.0);
+    drop(send);
+}
+
+/// With no --admin, the admin server listens on 127.0.0.1:9977 only, and /readyz tells an
+/// unreachable upstream by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_server_listens_on_loopback_by_default() {
+    let dir = support::TempDir::new("admin");
+    let sock = dir.path().join("tap.sock");
+    let stderr = dir.path().join("stderr.log");
+    // An upstream nobody listens on.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = dead.local_addr().unwrap().to_string();
+    drop(dead);
+    let tap = support::Child(
+        Command::new(env!("CARGO_BIN_EXE_xdstap"))
+            .args(["run", "--listen"])
+            .arg(format!("unix:{}", sock.display()))
+            .args(["--upstream", &upstream])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = tap.id();
+    let line = support::eventually(10, "the admin log line", || {
+        std::fs::read_to_string(&stderr)
+            .ok()?
+            .lines()
+            .find(|l| l.contains("Admin server listening"))
+            .map(String::from)
+    })
+    .await;
+    assert!(line.contains("admin=127.0.0.1:9977"), "{line}");
+    // The kernel's view: a listening socket on port 9977 bound to 127.0.0.1, none on 0.0.0.0.
+    let tcp = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap();
+    let listening: Vec<&str> = tcp
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f[3] == "0A" && f[1].ends_with(":26F9")
+        })
+        .map(|l| l.split_whitespace().nth(1).unwrap())
+        .collect();
+    assert_eq!(listening, ["0100007F:26F9"], "{tcp}");
+    let (code, body) = get("127.0.0.1:9977", "/healthz").await;
+    assert_eq!((code, body.as_str()), (200, "ok\n"));
+    let (code, body) = get("127.0.0.1:9977", "/readyz").await;
+    assert_eq!(code, 503);
+    assert!(body.contains(&upstream), "{body}");
+    drop(tap);
+}
+#[test]
+fn the_metrics_parser_is_strict() {
+    let ok = "# HELP a_x A.\n# TYPE a_x counter\na_x_total{type=\"CDS\",verdict=\"ack\"} 3\n# TYPE g gauge\ng 1.5\n# EOF\n";
+    let m = support::prom::parse(ok).unwrap();
+    assert_eq!(
+        m.get("a_x_total", &[("type", "CDS"), ("verdict", "ack")]),
+        3.0
+    );
+    assert_eq!(m.get("g", &[]), 1.5);
+    assert!(
+        support::prom::parse("a 1\n# EOF\n").is_err(),
+        "undeclared family"
+    );
+    assert!(
+        support::prom::parse("# TYPE a gauge\na{x=1} 1\n# EOF\n").is_err(),
+        "unquoted label"
+    );
+    assert!(
+        support::prom::parse("# TYPE a gauge\na one\n# EOF\n").is_err(),
+        "bad value"
+    );
+    assert!(
+        support::prom::parse("# TYPE a gauge\na 1\n").is_err(),
+        "no EOF"
+    );
+}

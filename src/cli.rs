@@ -59,6 +59,21 @@ pub struct DemoArgs {
     /// Colour: auto (on a terminal), always or never.
     #[arg(long, value_name = "WHEN", default_value = "auto")]
     pub color: String,
+    /// The xDS client: auto (Envoy when one is found, else the built-in stand-in), envoy, or
+    /// builtin.
+    #[arg(long, value_name = "CLIENT", default_value = "auto")]
+    pub client: String,
+    /// The Envoy binary to run [default: ENVOY_BIN, then .envoy/ (installed by scripts/test),
+    /// then envoy on PATH].
+    #[arg(long, value_name = "PATH")]
+    pub envoy: Option<PathBuf>,
+    /// Send the demo's spans to this OTLP endpoint [default: OTEL_EXPORTER_OTLP_ENDPOINT, else a
+    /// local file of OTLP JSON lines].
+    #[arg(long, value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+    /// OTLP transport: grpc or http/protobuf.
+    #[arg(long, value_name = "PROTOCOL")]
+    pub otlp_protocol: Option<String>,
 }
 
 /// `xdstap check-config`.
@@ -156,6 +171,9 @@ pub struct Options {
         help_heading = "Spans (OpenTelemetry)"
     )]
     pub trace_grouping: Option<String>,
+    /// Write spans to FILE as OTLP JSON lines instead of sending them to an endpoint.
+    #[arg(long, value_name = "FILE", help_heading = "Spans (OpenTelemetry)")]
+    pub spans_file: Option<PathBuf>,
     /// Mixed into version-derived trace ids; give each control plane its own.
     #[arg(long, value_name = "ID", help_heading = "Spans (OpenTelemetry)")]
     pub control_plane_id: Option<String>,
@@ -201,6 +219,7 @@ impl Options {
             otlp_protocol: self.otlp_protocol.clone(),
             trace_grouping: self.trace_grouping.clone(),
             control_plane_id: self.control_plane_id.clone(),
+            spans_file: self.spans_file.clone(),
             admin: self.admin.clone(),
             stale_after: self.stale_after.clone(),
             forget_after: self.forget_after.clone(),

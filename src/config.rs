@@ -117,6 +117,8 @@ pub struct FileSpans {
     pub control_plane_id: Option<String>,
     /// Spans waiting for export before new ones are dropped.
     pub queue_size: Option<usize>,
+    /// Write spans to this file as OTLP JSON lines instead of sending them.
+    pub file: Option<PathBuf>,
 }
 
 /// `tls:` in the YAML file.
@@ -204,6 +206,7 @@ pub struct Overrides {
     pub otlp_protocol: Option<String>,
     pub trace_grouping: Option<String>,
     pub control_plane_id: Option<String>,
+    pub spans_file: Option<PathBuf>,
     pub admin: Option<String>,
     pub stale_after: Option<String>,
     pub forget_after: Option<String>,
@@ -556,6 +559,7 @@ impl Config {
         let spans = spans(
             file.spans.unwrap_or_default(),
             SpanFlags {
+                file: flags.spans_file,
                 endpoint: flags.otlp_endpoint,
                 protocol: flags.otlp_protocol,
                 grouping: flags.trace_grouping,
@@ -592,7 +596,26 @@ fn env(name: &str) -> Option<String> {
 /// Span settings: flags, then the file, then the standard OTEL_* variables. Off unless an
 /// endpoint is given somewhere; `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none` turn it
 /// off.
+/// Span settings from flags and the standard OTEL_* variables alone (for `xdstap demo`):
+/// `None` when no endpoint is given anywhere.
+pub fn spans_from_flags(
+    endpoint: Option<String>,
+    protocol: Option<String>,
+) -> Result<Option<SpanSettings>, ConfigError> {
+    spans(
+        FileSpans::default(),
+        SpanFlags {
+            file: None,
+            endpoint,
+            protocol,
+            grouping: None,
+            control_plane_id: None,
+        },
+    )
+}
+
 struct SpanFlags {
+    file: Option<PathBuf>,
     endpoint: Option<String>,
     protocol: Option<String>,
     grouping: Option<String>,
@@ -601,11 +624,12 @@ struct SpanFlags {
 
 fn spans(file: FileSpans, flags: SpanFlags) -> Result<Option<SpanSettings>, ConfigError> {
     let endpoint = flags.endpoint.or(file.endpoint);
+    let to_file = flags.file.or(file.file);
     let from_env =
         env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| env("OTEL_EXPORTER_OTLP_ENDPOINT"));
     let disabled = env("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"))
         || env("OTEL_TRACES_EXPORTER").is_some_and(|v| v == "none");
-    if endpoint.is_none() && (from_env.is_none() || disabled) {
+    if to_file.is_none() && endpoint.is_none() && (from_env.is_none() || disabled) {
         return Ok(None);
     }
     if let Some(e) = &endpoint {
@@ -620,6 +644,7 @@ fn spans(file: FileSpans, flags: SpanFlags) -> Result<Option<SpanSettings>, Conf
     }
     let mut settings = SpanSettings {
         endpoint,
+        file: to_file,
         ..Default::default()
     };
     if let Some(p) = flags.protocol.or(file.protocol) {

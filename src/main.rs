@@ -72,9 +72,32 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
+            let client = match (args.client.as_str(), args.envoy) {
+                ("auto", Some(p)) | ("envoy", Some(p)) => {
+                    xdstap::demo::ClientChoice::Envoy(Some(p))
+                }
+                ("auto", None) => xdstap::demo::ClientChoice::Auto,
+                ("envoy", None) => xdstap::demo::ClientChoice::Envoy(None),
+                ("builtin", None) => xdstap::demo::ClientChoice::Builtin,
+                ("builtin", Some(_)) => {
+                    return usage_error("--envoy cannot be used with --client builtin")
+                }
+                (other, _) => {
+                    return usage_error(format!(
+                        "invalid --client {other:?}: expected auto, envoy or builtin"
+                    ))
+                }
+            };
+            let spans =
+                match xdstap::config::spans_from_flags(args.otlp_endpoint, args.otlp_protocol) {
+                    Ok(s) => s,
+                    Err(e) => return usage_error(e),
+                };
             match runtime.block_on(xdstap::demo::run(xdstap::demo::DemoOptions {
                 json: args.json,
                 color,
+                client,
+                spans,
             })) {
                 Ok(outcome) if outcome.ok => ExitCode::SUCCESS,
                 Ok(_) => ExitCode::FAILURE,

@@ -165,7 +165,7 @@ fn others(n: &NodeStatus, wide: bool) -> String {
 
 /// A NACK message on one line. Envoy's often carries a multi-line dump of the rejected resource
 /// before the reason, so a long one keeps its head and its tail (the reason) unless `full`.
-fn one_line(message: &str, full: bool) -> String {
+pub fn one_line(message: &str, full: bool) -> String {
     let flat = message.split_whitespace().collect::<Vec<_>>().join(" ");
     let chars: Vec<char> = flat.chars().collect();
     if full || chars.len() <= 300 {

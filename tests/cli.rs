@@ -6,38 +6,129 @@ fn xdstap() -> Command {
     Command::new(env!("CARGO_BIN_EXE_xdstap"))
 }
 
-#[test]
-fn demo_json_reports_each_step_and_the_suspect() {
-    let out = xdstap().args(["demo", "--json"]).output().unwrap();
+/// Runs `xdstap demo --json` with `args`; returns the summary and every event line.
+fn demo(args: &[&str]) -> (serde_json::Value, Vec<serde_json::Value>) {
+    let out = xdstap()
+        .args(["demo", "--json"])
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
     assert!(
         out.status.success(),
-        "{}",
+        "{}\n{stdout}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let stdout = String::from_utf8(out.stdout).unwrap();
-    let last = stdout.lines().last().unwrap();
-    let v: serde_json::Value = serde_json::from_str(last).unwrap();
-    let s = &v["summary"];
-    assert_eq!(s["ok"], true);
+    let lines: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let last = lines.last().unwrap().clone();
+    (last, lines)
+}
+
+fn check_story(summary: &serde_json::Value, events: &[serde_json::Value]) {
+    let s = &summary["summary"];
+    assert_eq!(s["ok"], true, "{s}");
     assert_eq!(s["suspects"], serde_json::json!(["b"]));
-    assert!(s["nack_message"]
-        .as_str()
-        .unwrap()
-        .contains("ConnectTimeout"));
+    assert_eq!(s["kept_version"], "v1");
     let steps: Vec<(String, Vec<String>)> = serde_json::from_value(s["steps"].clone()).unwrap();
-    assert_eq!(steps[1].1, vec!["CDS v2 nack"]);
+    let mut initial = steps[0].1.clone();
+    initial.sort();
+    assert_eq!(initial, ["CDS v1 ack", "LDS v1 ack"]);
+    assert_eq!(steps[1].1, ["CDS v2 nack"]);
+    assert_eq!(steps[2].1, ["CDS v3 ack"]);
     assert_eq!(
         steps[3].1,
-        vec!["CDS v4 superseded", "CDS stale-answer", "CDS v5 ack"]
+        ["CDS v4 superseded", "CDS stale-answer", "CDS v5 ack"]
     );
-    // Every event line is JSON too, and the NACK event carries Envoy-style error details.
-    let nack = stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|e| e["verdict"] == "nack")
-        .unwrap();
+    let restart = &steps[4].1;
+    for v in [
+        "LDS v6 unanswered",
+        "CDS resubscribe v5",
+        "CDS v6 ack",
+        "LDS v6 ack",
+    ] {
+        assert!(restart.contains(&v.to_string()), "{restart:?}");
+    }
+    // Every event is a JSON line too; the NACK carries the client's version and error.
+    let nack = events.iter().find(|e| e["verdict"] == "nack").unwrap();
     assert_eq!(nack["client_version"], "v1");
-    assert_eq!(nack["error"]["code"], 13);
+    assert_eq!(nack["suspects"], serde_json::json!(["b"]));
+    // The status the demo ends with: the node SYNCED on v6 for both types.
+    let node = &summary["status"]["nodes"][0];
+    assert_eq!(node["state"], "SYNCED");
+    for t in node["types"].as_array().unwrap() {
+        assert_eq!(t["version_accepted"], "v6", "{t}");
+    }
+    // Spans went to a local file of OTLP JSON lines: one span per verdict.
+    let spans = s["spans"].as_str().unwrap();
+    let path = spans.split(" (").next().unwrap();
+    let text = std::fs::read_to_string(path).unwrap();
+    let _ = std::fs::remove_file(path);
+    let mut names = Vec::new();
+    for line in text.lines() {
+        let batch: serde_json::Value = serde_json::from_str(line).unwrap();
+        for rs in batch["resourceSpans"].as_array().unwrap() {
+            for ss in rs["scopeSpans"].as_array().unwrap() {
+                for span in ss["spans"].as_array().unwrap() {
+                    names.push(span["name"].as_str().unwrap().to_string());
+                }
+            }
+        }
+    }
+    let verdicts = events.iter().filter(|e| e["event"] == "verdict").count();
+    assert_eq!(names.len(), verdicts, "{names:?}");
+    assert_eq!(s["spans_exported"], verdicts);
+    assert!(names.iter().any(|n| n == "xds.push CDS"));
+}
+
+#[test]
+fn demo_with_the_builtin_client() {
+    let (summary, events) = demo(&["--client", "builtin"]);
+    check_story(&summary, &events);
+    let s = &summary["summary"];
+    assert_eq!(s["client"], "builtin");
+    assert_eq!(
+        s["nack_message"],
+        "Error adding/updating cluster(s) b: Proto constraint validation failed \
+         (ClusterValidationError.ConnectTimeout: value must be greater than 0s)"
+    );
+}
+
+#[test]
+fn demo_with_a_real_envoy() {
+    let envoy = std::env::var("ENVOY_BIN")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/.envoy/envoy/_bin/envoy").into());
+    let (summary, events) = demo(&["--envoy", &envoy]);
+    check_story(&summary, &events);
+    let s = &summary["summary"];
+    assert_eq!(s["client"], "envoy");
+    assert!(
+        s["user_agent"].as_str().unwrap().starts_with("envoy 1.40"),
+        "{}",
+        s["user_agent"]
+    );
+    // Envoy's own text, with its dump of the rejected cluster.
+    let message = s["nack_message"].as_str().unwrap();
+    assert!(
+        message.contains("name: \"b\"")
+            && message.ends_with(
+                "Proto constraint validation failed (ClusterValidationError.ConnectTimeout: \
+                 value must be greater than 0s)"
+            ),
+        "{message}"
+    );
+}
+
+#[test]
+fn demo_without_an_envoy_when_one_is_required() {
+    let out = xdstap()
+        .args(["demo", "--envoy", "/nonexistent/envoy"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/envoy"));
 }
 
 #[test]

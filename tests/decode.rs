@@ -3,7 +3,9 @@
 
 mod support;
 
-use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::config::core::v3::node::UserAgentVersionType;
+use envoy_types::pb::envoy::config::core::v3::{BuildVersion, Node};
+use envoy_types::pb::envoy::r#type::v3::SemanticVersion;
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Resource,
 };
@@ -70,6 +72,17 @@ fn sotw_request_with_node_and_error_detail() {
             id: "sidecar~10.1.2.3~p.ns~ns.svc.cluster.local".into(),
             cluster: "reviews".into(),
             user_agent_name: "envoy".into(),
+            // What Envoy sends: its version as a BuildVersion, not a string.
+            user_agent_version_type: Some(UserAgentVersionType::UserAgentBuildVersion(
+                BuildVersion {
+                    version: Some(SemanticVersion {
+                        major_number: 1,
+                        minor_number: 40,
+                        patch: 0,
+                    }),
+                    metadata: None,
+                },
+            )),
             ..Default::default()
         }),
         resource_names: vec!["a".into(), "b".into()],
@@ -100,7 +113,7 @@ fn sotw_request_with_node_and_error_detail() {
             (
                 "sidecar~10.1.2.3~p.ns~ns.svc.cluster.local",
                 "reviews",
-                "envoy"
+                "envoy 1.40.0"
             )
         );
         let e = r.error_detail.unwrap();

@@ -167,6 +167,42 @@ async fn header_fields_trailers_and_any_path_are_exact() {
     assert_eq!(seen.body_digest, digest(&body));
 }
 
+/// A server that ends the call while the client is still sending (response, trailers, then
+/// RST_STREAM NO_ERROR, as gRPC servers do): the client still gets the whole response and the
+/// status, and is told to stop sending with the same NO_ERROR.
+#[tokio::test]
+async fn a_whole_response_then_no_error_reset_arrives_whole() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap().to_string();
+    let _server = raw::serve_tcp(listener, raw::Log::default());
+    let tap = Tap::start(&upstream).await;
+    let client = raw::client(tokio::net::TcpStream::connect(&tap.addr).await.unwrap()).await;
+    for _ in 0..20 {
+        let mut c = client.clone().ready().await.unwrap();
+        let (resp, mut stream) = c
+            .send_request(raw::request("/finish-early"), false)
+            .unwrap();
+        stream
+            .send_data(Bytes::from_static(b"still sending"), false)
+            .unwrap();
+        let resp = resp.await.unwrap();
+        let mut body = resp.into_body();
+        let mut data = Vec::new();
+        while let Some(chunk) = body.data().await {
+            data.extend_from_slice(&chunk.unwrap());
+        }
+        assert_eq!(data, b"done");
+        let trailers = body.trailers().await.unwrap().unwrap();
+        assert_eq!(trailers.get("grpc-status").unwrap(), "14");
+        assert_eq!(trailers.get("grpc-message").unwrap(), "going away");
+        let reset = match std::future::poll_fn(|cx| stream.poll_reset(cx)).await {
+            Ok(reason) => Some(reason),
+            Err(e) => e.reason(),
+        };
+        assert_eq!(reset, Some(Reason::NO_ERROR), "told to stop sending");
+    }
+}
+
 #[tokio::test]
 async fn resets_propagate_with_the_same_code_both_ways() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -95,6 +95,9 @@ pub struct SpanSettings {
     pub interval: Duration,
     /// Per export call.
     pub timeout: Duration,
+    /// Write spans as OTLP JSON lines (one `ExportTraceServiceRequest` per batch) to this file
+    /// instead of sending them.
+    pub file: Option<std::path::PathBuf>,
 }
 
 impl Default for SpanSettings {
@@ -108,6 +111,7 @@ impl Default for SpanSettings {
             batch: 512,
             interval: Duration::from_secs(1),
             timeout: Duration::from_secs(10),
+            file: None,
         }
     }
 }
@@ -163,29 +167,36 @@ pub fn start(
     // OTEL_EXPORTER_OTLP_* variables, read by the exporter's builder.
     use opentelemetry_otlp::WithExportConfig;
     let instance = format!("{:032x}", instance_seed());
-    let mut exporter = match settings.protocol {
-        Protocol::Grpc => {
-            let mut b = opentelemetry_otlp::SpanExporter::builder()
-                .with_tonic()
-                .with_timeout(settings.timeout);
-            if let Some(e) = &settings.endpoint {
-                b = b.with_endpoint(e.clone());
+    let resource = resource(&instance);
+    let exporter = match &settings.file {
+        Some(path) => Exporter::File(JsonLines::create(path, &resource)?),
+        None => {
+            let mut e = match settings.protocol {
+                Protocol::Grpc => {
+                    let mut b = opentelemetry_otlp::SpanExporter::builder()
+                        .with_tonic()
+                        .with_timeout(settings.timeout);
+                    if let Some(e) = &settings.endpoint {
+                        b = b.with_endpoint(e.clone());
+                    }
+                    b.build()
+                }
+                Protocol::HttpProtobuf => {
+                    let mut b = opentelemetry_otlp::SpanExporter::builder()
+                        .with_http()
+                        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                        .with_timeout(settings.timeout);
+                    if let Some(e) = &settings.endpoint {
+                        b = b.with_endpoint(http_traces_url(e));
+                    }
+                    b.build()
+                }
             }
-            b.build()
+            .map_err(|e| SetupError(e.to_string()))?;
+            e.set_resource(&resource);
+            Exporter::Otlp(Box::new(e))
         }
-        Protocol::HttpProtobuf => {
-            let mut b = opentelemetry_otlp::SpanExporter::builder()
-                .with_http()
-                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-                .with_timeout(settings.timeout);
-            if let Some(e) = &settings.endpoint {
-                b = b.with_endpoint(http_traces_url(e));
-            }
-            b.build()
-        }
-    }
-    .map_err(|e| SetupError(e.to_string()))?;
-    exporter.set_resource(&resource(&instance));
+    };
     let (tx, rx) = mpsc::channel(settings.queue.max(1));
     let task = tokio::spawn(export_loop(exporter, rx, settings.clone(), stats.clone()));
     let sink = SpanSink {
@@ -229,8 +240,72 @@ fn instance_seed() -> u128 {
     xxh3_128(&seed)
 }
 
+/// Where batches go.
+enum Exporter {
+    /// An OTLP backend (boxed: one per process, and much larger than the file variant).
+    Otlp(Box<opentelemetry_otlp::SpanExporter>),
+    /// A local file of OTLP JSON lines.
+    File(JsonLines),
+}
+
+impl Exporter {
+    async fn export(&mut self, batch: Vec<SpanData>) -> Result<(), String> {
+        match self {
+            Exporter::Otlp(e) => e.export(batch).await.map_err(|e| e.to_string()),
+            Exporter::File(f) => f.write(batch).map_err(|e| e.to_string()),
+        }
+    }
+
+    fn shutdown(&mut self, timeout: Duration) {
+        match self {
+            Exporter::Otlp(e) => {
+                let _ = e.shutdown_with_timeout(timeout);
+            }
+            Exporter::File(f) => {
+                let _ = std::io::Write::flush(&mut f.out);
+            }
+        }
+    }
+}
+
+/// OTLP JSON lines: each batch one `ExportTraceServiceRequest` in the OTLP JSON encoding, the
+/// format the OpenTelemetry Collector's file exporter writes and its OTLP JSON file receiver reads.
+struct JsonLines {
+    out: std::io::BufWriter<std::fs::File>,
+    resource: opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema,
+}
+
+impl JsonLines {
+    fn create(path: &std::path::Path, resource: &Resource) -> Result<JsonLines, SetupError> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| SetupError(format!("span file {}: {e}", path.display())))?;
+        Ok(JsonLines {
+            out: std::io::BufWriter::new(file),
+            resource: resource.into(),
+        })
+    }
+
+    fn write(&mut self, batch: Vec<SpanData>) -> std::io::Result<()> {
+        use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+        use std::io::Write;
+        let request = ExportTraceServiceRequest {
+            resource_spans:
+                opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_scope(
+                    batch,
+                    &self.resource,
+                ),
+        };
+        serde_json::to_writer(&mut self.out, &request)?;
+        self.out.write_all(b"\n")?;
+        self.out.flush()
+    }
+}
+
 async fn export_loop(
-    exporter: opentelemetry_otlp::SpanExporter,
+    mut exporter: Exporter,
     mut rx: mpsc::Receiver<SpanData>,
     settings: SpanSettings,
     stats: Arc<SpanStats>,
@@ -256,7 +331,7 @@ async fn export_loop(
             let result = tokio::time::timeout(settings.timeout, exporter.export(sent)).await;
             let failure = match result {
                 Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e.to_string()),
+                Ok(Err(e)) => Some(e),
                 Err(_) => Some(format!("no answer within {:?}", settings.timeout)),
             };
             match failure {
@@ -280,7 +355,7 @@ async fn export_loop(
             break;
         }
     }
-    let _ = exporter.shutdown_with_timeout(settings.timeout);
+    exporter.shutdown(settings.timeout);
 }
 
 /// Drop warnings are logged at most this often.

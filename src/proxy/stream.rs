@@ -269,12 +269,21 @@ pub(super) async fn forward(
     request_half.finished = end_of_stream;
     let mut response_half = ResponseHalf::Waiting(response);
 
+    // An upstream that has sent (or is sending) its whole response may reset the request half
+    // with NO_ERROR to stop the client's upload (RFC 9113 §8.1; gRPC servers do this when they
+    // end a call the client has not half-closed). The response still goes through whole.
+    let mut request_stopped = false;
     let outcome = poll_fn(|cx| {
-        let request_done = match request_half.poll(cx, &observer, stats) {
-            Poll::Ready(Ok(())) => true,
-            Poll::Ready(Err(e)) => return Poll::Ready(Outcome::Request(e)),
-            Poll::Pending => false,
-        };
+        let request_done = request_stopped
+            || match request_half.poll(cx, &observer, stats) {
+                Poll::Ready(Ok(())) => true,
+                Poll::Ready(Err(PumpError::SendReset(Reason::NO_ERROR))) => {
+                    request_stopped = true;
+                    true
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Outcome::Request(e)),
+                Poll::Pending => false,
+            };
         loop {
             match &mut response_half {
                 ResponseHalf::Waiting(future) => match std::pin::Pin::new(future).poll(cx) {
@@ -323,6 +332,8 @@ pub(super) async fn forward(
     // Pass the end on to the side that did not cause it, with the same code.
     let reset_upstream = |pump: &mut Pump, reason| pump.send.send_reset(reason);
     let stream_end = match outcome {
+        // With the request stopped, dropping its body below makes h2 pass the NO_ERROR reset on
+        // to the client once the response has gone out (an explicit reset would discard it).
         Outcome::Complete => StreamEnd::Complete,
         Outcome::ClientReset(reason) => {
             reset_upstream(&mut request_half, reason);

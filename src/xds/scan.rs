@@ -10,7 +10,8 @@
 //! 5 initial_resource_versions, 6 response_nonce, 7 error_detail; DeltaDiscoveryResponse
 //! 1 system_version_info, 2 resources, 4 type_url, 5 nonce, 6 removed_resources,
 //! 7 control_plane, 8 removed_resource_names; Resource 1 version, 2 resource, 3 name;
-//! Node 1 id, 2 cluster, 6 user_agent_name, 7 user_agent_version; Status 1 code, 2 message.
+//! Node 1 id, 2 cluster, 6 user_agent_name, 7 user_agent_version, 8 user_agent_build_version
+//! (BuildVersion 1 version: SemanticVersion 1 major, 2 minor, 3 patch); Status 1 code, 2 message.
 
 use xxhash_rust::xxh3::Xxh3;
 
@@ -73,6 +74,10 @@ enum Msg {
     MapEntry,
     /// `ResourceName` of `removed_resource_names`.
     ResourceName,
+    /// `node.user_agent_build_version` (Envoy sends its version here).
+    BuildVersion,
+    /// Its `SemanticVersion`: major, minor, patch varints.
+    SemVer,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,6 +143,7 @@ pub struct Scanner {
     hasher: Option<Xxh3>,
     map_key: String,
     map_value: String,
+    semver: [u64; 3],
 }
 
 impl Scanner {
@@ -171,6 +177,7 @@ impl Scanner {
             hasher: None,
             map_key: String::new(),
             map_value: String::new(),
+            semver: [0; 3],
         }
     }
 
@@ -279,6 +286,9 @@ impl Scanner {
                 if self.top() == Msg::Status && field == 1 {
                     self.status.get_or_insert_with(Default::default).code = v as i32;
                 }
+                if self.top() == Msg::SemVer && (1..=3).contains(&field) {
+                    self.semver[field as usize - 1] = v;
+                }
             }
             State::Len { field, .. } => {
                 let end = self.pos.checked_add(v).ok_or(ScanError::Length)?;
@@ -339,6 +349,8 @@ impl Scanner {
             (Msg::Node, 2) => C(Slot::NodeCluster),
             (Msg::Node, 6) => C(Slot::UserAgentName),
             (Msg::Node, 7) => C(Slot::UserAgentVersion),
+            (Msg::Node, 8) => D(Msg::BuildVersion),
+            (Msg::BuildVersion, 1) => D(Msg::SemVer),
             (Msg::Status, 2) => C(Slot::StatusMessage),
             (Msg::ControlPlane, 1) => C(Slot::ControlPlaneId),
             (Msg::Any, 1) | (Msg::InnerAny, 1) => C(Slot::AnyTypeUrl),
@@ -365,6 +377,7 @@ impl Scanner {
             Msg::InnerAny => self.any_type.clear(),
             Msg::Body => self.hasher = Some(Xxh3::new()),
             Msg::Node => self.node = Some(Node::default()),
+            Msg::SemVer => self.semver = [0; 3],
             Msg::Status => {
                 self.status.get_or_insert_with(Default::default);
             }
@@ -378,6 +391,12 @@ impl Scanner {
 
     fn end(&mut self, msg: Msg) {
         match msg {
+            Msg::SemVer => {
+                let [major, minor, patch] = self.semver;
+                let node = self.node.get_or_insert_with(Default::default);
+                node.user_agent
+                    .push_str(&format!(" {major}.{minor}.{patch}"));
+            }
             Msg::Body => {
                 if let (Some(h), Some(r)) = (self.hasher.take(), self.current.as_mut()) {
                     r.digest = h.digest();

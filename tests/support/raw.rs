@@ -33,7 +33,9 @@ async fn read_body(body: &mut RecvStream) -> Result<Vec<u8>, h2::Error> {
 
 /// Serves h2 on any byte streams. Paths: `/echo` echoes the body with response header
 /// `x-resp: 1` and trailers `x-trailer: t1`, `grpc-status: 0`; `/reset/N` resets with code N
-/// once the request headers arrive; `/hang` reads the body and never answers (records a reset).
+/// once the request headers arrive; `/hang` reads the body and never answers (records a reset);
+/// `/finish-early` answers whole (data `done`, grpc-status 14) without reading the request, then
+/// resets the stream with NO_ERROR.
 pub async fn serve_conn<T: AsyncRead + AsyncWrite + Unpin + Send + 'static>(io: T, log: Log) {
     let Ok(mut conn) = h2::server::handshake(io).await else {
         return;
@@ -48,6 +50,24 @@ pub async fn serve_conn<T: AsyncRead + AsyncWrite + Unpin + Send + 'static>(io: 
                 headers: parts.headers.clone(),
                 ..Default::default()
             };
+            if path == "/finish-early" {
+                // A whole response while the request is still open, then RST_STREAM(NO_ERROR)
+                // to stop the upload, as gRPC servers end a call the client has not half-closed.
+                log.lock().unwrap().push(seen);
+                let mut resp = Response::new(());
+                resp.headers_mut()
+                    .insert("content-type", "application/grpc".parse().unwrap());
+                let mut send = respond.send_response(resp, false).unwrap();
+                send.send_data(Bytes::from_static(b"done"), false).unwrap();
+                let mut trailers = HeaderMap::new();
+                trailers.insert("grpc-status", "14".parse().unwrap());
+                trailers.insert("grpc-message", "going away".parse().unwrap());
+                send.send_trailers(trailers).unwrap();
+                // Dropping the unread request body now makes h2 reset the stream with NO_ERROR
+                // once the response has gone out (an explicit reset would discard it unsent).
+                drop(body);
+                return;
+            }
             if let Some(code) = path.strip_prefix("/reset/") {
                 respond.send_reset(Reason::from(code.parse::<u32>().unwrap()));
                 log.lock().unwrap().push(seen);

@@ -11,6 +11,6 @@ RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates
     && useradd --system --uid 10001 --no-create-home xdstap
 COPY --from=build /src/target/release/xdstap /usr/local/bin/xdstap
 USER 10001
-EXPOSE 15010 9901
+EXPOSE 15010 9977
 ENTRYPOINT ["/usr/local/bin/xdstap"]
 CMD ["run", "--config", "/etc/xdstap/xdstap.yaml"]

@@ -656,9 +656,10 @@ impl Printer {
                 Event::Resubscribe { version, .. } => format!("{t}  {ty:4} resubscribe after reconnect, client has {version}"),
                 Event::SubscriptionChange { names, .. } => format!("{t}  {ty:4} subscription change: {}", names.join(",")),
                 Event::Push { push, .. } => format!(
-                    "{t}  {ty:4} push {} ({} resources: {}) nonce {}",
+                    "{t}  {ty:4} push {} ({} resource{}: {}) nonce {}",
                     push.version,
                     push.resources.len(),
+                    if push.resources.len() == 1 { "" } else { "s" },
                     push.resources.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(","),
                     push.nonce
                 ),

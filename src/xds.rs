@@ -168,9 +168,58 @@ pub fn is_secret(type_url: &str) -> bool {
     type_url.ends_with("envoy.extensions.transport_sockets.tls.v3.Secret")
 }
 
+/// A client's error message with any PEM private key block in it replaced by
+/// `[redacted private key]`: a NACK of a Secret may quote the key it rejected, and nothing the
+/// tap logs, exports or shows may carry one. A block cut off by the message's end is redacted to
+/// the end.
+pub fn redact_private_keys(message: &str) -> std::borrow::Cow<'_, str> {
+    if !message.contains("PRIVATE KEY-----") {
+        return std::borrow::Cow::Borrowed(message);
+    }
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(begin) = rest.find("-----BEGIN ") {
+        let after = &rest[begin..];
+        let header_end = after[11..].find("-----").map(|i| 11 + i + 5);
+        let is_key = header_end.is_some_and(|e| after[..e].ends_with("PRIVATE KEY-----"));
+        if !is_key {
+            let skip = begin + 11;
+            out.push_str(&rest[..skip]);
+            rest = &rest[skip..];
+            continue;
+        }
+        out.push_str(&rest[..begin]);
+        out.push_str("[redacted private key]");
+        let header_end = header_end.expect("checked above");
+        match after[header_end..].find("PRIVATE KEY-----") {
+            Some(i) => rest = &after[header_end + i + "PRIVATE KEY-----".len()..],
+            None => rest = "",
+        }
+    }
+    out.push_str(rest);
+    std::borrow::Cow::Owned(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn private_keys_are_redacted_from_messages() {
+        let m = "bad secret: inline_string: \"-----BEGIN PRIVATE KEY-----\\nMIIEv...\\n-----END PRIVATE KEY-----\\n\" cert ok";
+        let r = redact_private_keys(m);
+        assert!(!r.contains("MIIEv"), "{r}");
+        assert!(
+            r.starts_with("bad secret: inline_string: \"[redacted private key]"),
+            "{r}"
+        );
+        assert!(r.ends_with("\" cert ok"), "{r}");
+        let cut = "x -----BEGIN EC PRIVATE KEY-----\nABCD";
+        assert_eq!(redact_private_keys(cut), "x [redacted private key]");
+        let cert = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----";
+        assert_eq!(redact_private_keys(cert), cert);
+        assert_eq!(redact_private_keys("plain"), "plain");
+    }
 
     #[test]
     fn classifies_paths() {

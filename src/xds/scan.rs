@@ -447,7 +447,10 @@ impl Scanner {
                 }
                 node.user_agent.push_str(&text);
             }
-            Slot::StatusMessage => self.status.get_or_insert_with(Default::default).message = text,
+            Slot::StatusMessage => {
+                self.status.get_or_insert_with(Default::default).message =
+                    super::redact_private_keys(&text).into_owned()
+            }
             Slot::ControlPlaneId => self.resp.control_plane = Some(text),
             Slot::AnyTypeUrl => self.any_type = text,
             Slot::WrapperVersion => {

@@ -1,0 +1,761 @@
+//! Side by side, in one run: the same xDS-shaped workloads over a direct connection, socat (L4),
+//! Envoy 1.40 as an HTTP/2 L7 proxy (--concurrency 1), and xdstap (decoding, correlating and
+//! exporting spans to a local OTLP receiver). Every proxy runs as its own process, so its CPU
+//! time and memory come from /proc; the control plane and clients run in this process.
+//!
+//! Workloads:
+//! 0. h2load against nghttpd serving a 4 MiB file over 4 connections (plain HTTP/2).
+//! 1. One ADS stream: 4 MiB pushes, then 64 MiB pushes, each answered before the next.
+//! 2. 1,000 streams, 16 KiB pushes answered: pushes/s and push->answer latency at the control
+//!    plane.
+//! 3. 10,000 and 30,000 idle ADS streams (100 per connection: this machine allows 20,000 open
+//!    files per process): RSS per stream.
+//! 4. One 100 MiB push: the proxy's peak RSS over idle.
+//!
+//! Run: `scripts/bench` (installs socat and nghttp2 if missing, then
+//! `cargo bench --bench sidebyside`). Under `cargo test` it runs a small smoke version.
+
+#[path = "../tests/support/otlp.rs"]
+#[allow(dead_code)]
+mod otlp;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::net::{TcpListener, TcpStream};
+
+const ADS: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
+const CDS: &[u8] = b"type.googleapis.com/envoy.config.cluster.v3.Cluster";
+const WINDOW: u32 = 16 << 20;
+const CONN_WINDOW: u32 = 24 << 20;
+
+fn varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn field(out: &mut Vec<u8>, n: u32, b: &[u8]) {
+    varint(out, ((n as u64) << 3) | 2);
+    varint(out, b.len() as u64);
+    out.extend_from_slice(b);
+}
+
+/// A push body of about `size` bytes (2 KiB clusters), without its tail; shared by all pushes
+/// of that size.
+fn push_head(size: usize) -> Bytes {
+    let mut body = Vec::with_capacity(size + 4096);
+    field(&mut body, 1, b"bench-v1");
+    let mut i = 0;
+    while body.len() < size {
+        let mut c = Vec::new();
+        field(
+            &mut c,
+            1,
+            format!("outbound|8080||svc-{i}.bench.svc.cluster.local").as_bytes(),
+        );
+        field(&mut c, 33, &[0x5a; 1900]);
+        let mut any = Vec::new();
+        field(&mut any, 1, CDS);
+        field(&mut any, 2, &c);
+        field(&mut body, 2, &any);
+        i += 1;
+    }
+    body.into()
+}
+
+fn tail(nonce: u64) -> Vec<u8> {
+    let mut t = Vec::new();
+    field(&mut t, 4, CDS);
+    field(&mut t, 5, format!("{nonce:016}").as_bytes());
+    t
+}
+
+fn grpc(m: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(5 + m.len());
+    out.push(0);
+    out.extend_from_slice(&(m.len() as u32).to_be_bytes());
+    out.extend_from_slice(m);
+    out.into()
+}
+
+/// The client's request: the first one (nonce 0) or the answer to push `nonce`.
+fn request(nonce: u64) -> Bytes {
+    let mut m = Vec::new();
+    if nonce > 0 {
+        field(&mut m, 1, b"bench-v1");
+    } else {
+        let mut node = Vec::new();
+        field(&mut node, 1, b"bench-node");
+        field(&mut m, 2, &node);
+    }
+    field(&mut m, 4, CDS);
+    if nonce > 0 {
+        field(&mut m, 5, format!("{nonce:016}").as_bytes());
+    }
+    grpc(&m)
+}
+
+/// Sends within the peer's window, so a sender never buffers a whole 64 MiB push.
+async fn send_all(send: &mut h2::SendStream<Bytes>, mut data: Bytes) -> Result<(), h2::Error> {
+    while !data.is_empty() {
+        send.reserve_capacity(data.len().min(4 << 20));
+        let n = match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
+            Some(Ok(n)) => n,
+            Some(Err(e)) => return Err(e),
+            None => return Ok(()),
+        };
+        if n > 0 {
+            send.send_data(data.split_to(n.min(data.len())), false)?;
+        }
+    }
+    Ok(())
+}
+
+/// Control-plane side measurements of workload 2.
+#[derive(Default)]
+struct CpStats {
+    latencies_us: Mutex<Vec<u64>>,
+    pushes: AtomicU64,
+}
+
+/// The control plane: on every request message on a stream, one push of the size the stream's
+/// `x-push-size` header asks for (0: a 1-cluster push); records push->answer latency.
+async fn control_plane(listener: TcpListener, stats: Arc<CpStats>) {
+    let heads: Arc<Mutex<HashMap<usize, Bytes>>> = Arc::default();
+    loop {
+        let Ok((s, _)) = listener.accept().await else {
+            return;
+        };
+        let _ = s.set_nodelay(true);
+        let (heads, stats) = (heads.clone(), stats.clone());
+        tokio::spawn(async move {
+            let Ok(mut conn) = h2::server::Builder::new()
+                .initial_window_size(WINDOW)
+                .initial_connection_window_size(CONN_WINDOW)
+                .max_concurrent_streams(10_000)
+                .handshake::<_, Bytes>(s)
+                .await
+            else {
+                return;
+            };
+            while let Some(Ok((req, mut respond))) = conn.accept().await {
+                let size: usize = req
+                    .headers()
+                    .get("x-push-size")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                let head = heads
+                    .lock()
+                    .unwrap()
+                    .entry(size)
+                    .or_insert_with(|| push_head(size))
+                    .clone();
+                let stats = stats.clone();
+                tokio::spawn(async move {
+                    let mut body = req.into_body();
+                    let resp = http::Response::builder()
+                        .header("content-type", "application/grpc")
+                        .body(())
+                        .unwrap();
+                    let Ok(mut send) = respond.send_response(resp, false) else {
+                        return;
+                    };
+                    let mut buf = BytesMut::new();
+                    let mut nonce = 0u64;
+                    let mut sent_at: Option<Instant> = None;
+                    while let Some(Ok(chunk)) = body.data().await {
+                        let _ = body.flow_control().release_capacity(chunk.len());
+                        buf.extend_from_slice(&chunk);
+                        while buf.len() >= 5 {
+                            let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+                            if buf.len() < 5 + len {
+                                break;
+                            }
+                            buf.advance(5 + len);
+                            if let Some(t) = sent_at.take() {
+                                stats
+                                    .latencies_us
+                                    .lock()
+                                    .unwrap()
+                                    .push(t.elapsed().as_micros() as u64);
+                            }
+                            nonce += 1;
+                            let t = tail(nonce);
+                            let total = head.len() + t.len();
+                            let mut prefix = vec![0];
+                            prefix.extend_from_slice(&(total as u32).to_be_bytes());
+                            let sent = send_all(&mut send, prefix.into()).await.is_ok()
+                                && send_all(&mut send, head.clone()).await.is_ok()
+                                && send_all(&mut send, t.into()).await.is_ok();
+                            if !sent {
+                                return;
+                            }
+                            sent_at = Some(Instant::now());
+                            stats.pushes.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+    }
+}
+
+async fn connect(addr: &str) -> h2::client::SendRequest<Bytes> {
+    let io = TcpStream::connect(addr).await.unwrap();
+    io.set_nodelay(true).unwrap();
+    let (client, conn) = h2::client::Builder::new()
+        .initial_window_size(WINDOW)
+        .initial_connection_window_size(CONN_WINDOW)
+        .handshake(io)
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    client
+}
+
+/// One ADS stream of a client.
+struct Stream {
+    send: h2::SendStream<Bytes>,
+    recv: h2::RecvStream,
+    answered: u64,
+}
+
+impl Stream {
+    async fn open(client: &h2::client::SendRequest<Bytes>, push_size: usize) -> Stream {
+        let mut client = client.clone().ready().await.unwrap();
+        let req = http::Request::builder()
+            .method("POST")
+            .uri(format!("http://xds{ADS}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header("x-push-size", push_size.to_string())
+            .body(())
+            .unwrap();
+        let (resp, mut send) = client.send_request(req, false).unwrap();
+        send.send_data(request(0), false).unwrap();
+        Stream {
+            send,
+            recv: resp.await.unwrap().into_body(),
+            answered: 0,
+        }
+    }
+
+    /// Reads one whole push and answers it; returns its size.
+    async fn round(&mut self) -> usize {
+        let mut prefix = Vec::with_capacity(5);
+        let mut want = usize::MAX;
+        let mut got = 0usize;
+        while got < want {
+            let chunk = self.recv.data().await.unwrap().unwrap();
+            let _ = self.recv.flow_control().release_capacity(chunk.len());
+            let mut rest = &chunk[..];
+            if prefix.len() < 5 {
+                let take = (5 - prefix.len()).min(rest.len());
+                prefix.extend_from_slice(&rest[..take]);
+                rest = &rest[take..];
+                if prefix.len() == 5 {
+                    want =
+                        u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+                }
+            }
+            got += rest.len();
+        }
+        self.answered += 1;
+        self.send.send_data(request(self.answered), false).unwrap();
+        want + 5
+    }
+}
+
+/// A proxy under test, as its own process.
+struct Proxy {
+    name: &'static str,
+    addr: String,
+    child: Option<Child>,
+    dir: PathBuf,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn envoy_binary() -> PathBuf {
+    std::env::var_os("ENVOY_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".envoy/envoy/_bin/envoy"))
+}
+
+fn envoy_l7_bootstrap(port: u16, upstream_port: u16) -> String {
+    let h2 = "http2_protocol_options: { initial_stream_window_size: 16777216, initial_connection_window_size: 25165824, max_concurrent_streams: 2147483647 }";
+    format!(
+        r#"admin: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: 0 }} }} }}
+static_resources:
+  listeners:
+  - name: l7
+    address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: l7
+          codec_type: HTTP2
+          stream_idle_timeout: 0s
+          {h2}
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{ prefix: "/" }}
+                route: {{ cluster: cp, timeout: 0s }}
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: cp
+    type: STATIC
+    connect_timeout: 1s
+    circuit_breakers:
+      thresholds: [ {{ max_connections: 1000000, max_pending_requests: 1000000, max_requests: 1000000 }} ]
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{ {h2} }}
+    load_assignment:
+      cluster_name: cp
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {upstream_port} }} }} }}
+"#
+    )
+}
+
+fn start(name: &'static str, upstream: &str, otlp: &str) -> Proxy {
+    let dir = std::env::temp_dir().join(format!("xdstap-bench-{name}-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    if name == "direct" {
+        return Proxy {
+            name,
+            addr: upstream.into(),
+            child: None,
+            dir,
+        };
+    }
+    let port = free_port();
+    let upstream_port: u16 = upstream.rsplit(':').next().unwrap().parse().unwrap();
+    let child = match name {
+        "socat" => Command::new("socat")
+            .arg(format!(
+                "TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr,nodelay"
+            ))
+            .arg(format!("TCP:127.0.0.1:{upstream_port},nodelay"))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("socat (scripts/bench installs it)"),
+        "envoy-l7" => {
+            let config = dir.join("envoy.yaml");
+            std::fs::write(&config, envoy_l7_bootstrap(port, upstream_port)).unwrap();
+            Command::new(envoy_binary())
+                .arg("-c")
+                .arg(&config)
+                .args(["--concurrency", "1", "--disable-hot-restart", "-l", "error"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("envoy (scripts/install-envoy)")
+        }
+        "xdstap" => Command::new(env!("CARGO_BIN_EXE_xdstap"))
+            .args(["run", "--listen", &format!("127.0.0.1:{port}")])
+            .args([
+                "--upstream",
+                upstream,
+                "--admin",
+                "off",
+                "--log-level",
+                "error",
+            ])
+            .args(["--otlp-endpoint", otlp, "--otlp-protocol", "grpc"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+        other => panic!("unknown proxy {other}"),
+    };
+    let addr = format!("127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(&addr).is_err() {
+        assert!(Instant::now() < deadline, "{name} did not start listening");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Proxy {
+        name,
+        addr,
+        child: Some(child),
+        dir,
+    }
+}
+
+/// utime + stime of a process and its children so far, seconds (socat forks per connection).
+fn cpu_seconds(pid: u32) -> f64 {
+    let tick = 100.0; // USER_HZ on Linux
+    let mut total = 0.0;
+    let mut pids = vec![pid];
+    while let Some(p) = pids.pop() {
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
+            let after = &stat[stat.rfind(')').unwrap_or(0) + 2..];
+            let f: Vec<&str> = after.split_whitespace().collect();
+            // Fields 14-17 (1-based, after the name): utime stime cutime cstime.
+            for i in 11..15 {
+                total += f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0) / tick;
+            }
+        }
+        if let Ok(children) = std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")) {
+            pids.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|c| c.parse::<u32>().ok()),
+            );
+        }
+    }
+    total
+}
+
+fn memory_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim_start_matches(':').trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn pid(p: &Proxy) -> Option<u32> {
+    p.child.as_ref().map(|c| c.id())
+}
+
+struct Row {
+    workload: String,
+    figures: Vec<(String, String)>,
+}
+
+/// Workload 1: one stream, `count` pushes of `size`; MB/s and proxy CPU-seconds per GiB.
+async fn one_stream(p: &Proxy, size: usize, count: usize) -> (f64, Option<f64>) {
+    let client = connect(&p.addr).await;
+    let mut s = Stream::open(&client, size).await;
+    s.round().await; // warm up, not timed
+    let cpu0 = pid(p).map(cpu_seconds);
+    let start = Instant::now();
+    let mut bytes = 0;
+    for _ in 0..count {
+        bytes += s.round().await;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let cpu = pid(p)
+        .map(|id| (cpu_seconds(id) - cpu0.unwrap_or(0.0)) / (bytes as f64 / (1u64 << 30) as f64));
+    (bytes as f64 / secs / 1e6, cpu)
+}
+
+/// Workload 2: `streams` streams (one connection each) doing `rounds` 16 KiB round trips.
+async fn many_streams(p: &Proxy, cp: &CpStats, streams: usize, rounds: usize) -> (f64, u64, u64) {
+    let mut opened = Vec::new();
+    for _ in 0..streams {
+        let client = connect(&p.addr).await;
+        let mut s = Stream::open(&client, 16 << 10).await;
+        s.round().await;
+        opened.push((client, s));
+    }
+    cp.latencies_us.lock().unwrap().clear();
+    let start = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for (client, mut s) in opened {
+        tasks.spawn(async move {
+            for _ in 0..rounds {
+                s.round().await;
+            }
+            drop(client);
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    let secs = start.elapsed().as_secs_f64();
+    let mut l = cp.latencies_us.lock().unwrap().clone();
+    l.sort_unstable();
+    let pct = |q: f64| {
+        l.get(((l.len() as f64 * q) as usize).min(l.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0)
+    };
+    ((streams * rounds) as f64 / secs, pct(0.5), pct(0.99))
+}
+
+/// Workload 3: `streams` idle streams, 100 per connection; the proxy's RSS rise per stream.
+async fn idle_streams(p: &Proxy, streams: usize) -> Option<f64> {
+    let id = pid(p)?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = memory_kib(id, "VmRSS");
+    let mut held = Vec::new();
+    let mut clients = Vec::new();
+    for i in 0..streams {
+        if i % 100 == 0 {
+            clients.push(connect(&p.addr).await);
+        }
+        let mut s = Stream::open(clients.last().unwrap(), 0).await;
+        s.round().await;
+        held.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = memory_kib(id, "VmRSS");
+    drop(held);
+    drop(clients);
+    Some((after.saturating_sub(before)) as f64 * 1024.0 / streams as f64)
+}
+
+/// Workload 4: one 100 MiB push; the proxy's peak RSS over idle, KiB.
+async fn big_push(p: &Proxy) -> Option<u64> {
+    let id = pid(p)?;
+    let client = connect(&p.addr).await;
+    let mut small = Stream::open(&client, 0).await;
+    small.round().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let idle = memory_kib(id, "VmRSS");
+    let _ = std::fs::write(format!("/proc/{id}/clear_refs"), "5");
+    let mut s = Stream::open(&client, 100 << 20).await;
+    s.round().await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    Some(memory_kib(id, "VmHWM").saturating_sub(idle))
+}
+
+/// Workload 0: h2load fetching a 4 MiB file from nghttpd over 4 connections.
+fn h2load(p: &Proxy, requests: usize) -> Option<(f64, Option<f64>)> {
+    let cpu0 = pid(p).map(cpu_seconds);
+    let out = Command::new("h2load")
+        .args([
+            "-n",
+            &requests.to_string(),
+            "-c",
+            "4",
+            "-m",
+            "1",
+            "-w",
+            "24",
+            "-W",
+            "25",
+        ])
+        .arg(format!("http://{}/4m.bin", p.addr))
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.starts_with("finished in"))?;
+    // "finished in 1.23s, 324.00 req/s, 1.27GB/s"
+    let rate = line.rsplit(", ").next()?;
+    let (n, unit) = rate.split_at(rate.find(|c: char| c.is_ascii_alphabetic())?);
+    let n: f64 = n.parse().ok()?;
+    let mbs = match unit {
+        "GB/s" => n * 1024.0,
+        "MB/s" => n,
+        "KB/s" => n / 1024.0,
+        _ => return None,
+    };
+    let ok = text.contains(&format!("{requests} succeeded"));
+    assert!(ok, "h2load through {}: {text}", p.name);
+    let gib = (requests * (4 << 20)) as f64 / (1u64 << 30) as f64;
+    let cpu = pid(p).map(|id| (cpu_seconds(id) - cpu0.unwrap_or(0.0)) / gib);
+    Some((mbs * 1.048576, cpu))
+}
+
+fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(run(full));
+}
+
+async fn run(full: bool) {
+    let cp_stats = Arc::new(CpStats::default());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap().to_string();
+    tokio::spawn(control_plane(listener, cp_stats.clone()));
+    let receiver = otlp::Receiver::grpc().await;
+    let names: &[&'static str] = if full {
+        &["direct", "socat", "envoy-l7", "xdstap"]
+    } else {
+        &["direct", "xdstap"]
+    };
+    let mut rows: Vec<Row> = Vec::new();
+    let mut row = |workload: &str, name: &str, figure: String| {
+        if let Some(r) = rows.iter_mut().find(|r| r.workload == workload) {
+            r.figures.push((name.into(), figure));
+        } else {
+            rows.push(Row {
+                workload: workload.into(),
+                figures: vec![(name.into(), figure)],
+            });
+        }
+    };
+
+    // Workload 0: nghttpd + h2load, when installed.
+    let nghttpd = if full && Command::new("h2load").arg("--version").output().is_ok() {
+        let dir = std::env::temp_dir().join(format!("xdstap-bench-www-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("4m.bin"), vec![0x5au8; 4 << 20]).unwrap();
+        let port = free_port();
+        let child = Command::new("nghttpd")
+            .args(["--no-tls", "-d"])
+            .arg(&dir)
+            .args(["--window-bits", "24", "--connection-window-bits", "25"])
+            .arg(port.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok();
+        let addr = format!("127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(&addr).is_err() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child.map(|c| (c, addr, dir))
+    } else {
+        None
+    };
+    if let Some((_, www, _)) = &nghttpd {
+        for name in names {
+            let p = start(name, www, &receiver.endpoint);
+            let (mbs, cpu) = h2load(&p, 400).unwrap_or((0.0, None));
+            row(
+                "0. h2load 4 MiB x 400, 4 conns: MB/s",
+                name,
+                format!("{mbs:.0}"),
+            );
+            if let Some(c) = cpu {
+                row("0. proxy CPU-seconds per GiB", name, format!("{c:.2}"));
+            }
+        }
+    }
+
+    for name in names {
+        let p = start(name, &upstream, &receiver.endpoint);
+        let (count4, count64) = if full { (100, 8) } else { (2, 1) };
+        let (mbs, cpu) = one_stream(&p, 4 << 20, count4).await;
+        row(
+            "1. one stream, 4 MiB pushes: MB/s",
+            name,
+            format!("{mbs:.0}"),
+        );
+        if let Some(c) = cpu {
+            row(
+                "1. proxy CPU-seconds per GiB (4 MiB)",
+                name,
+                format!("{c:.2}"),
+            );
+        }
+        let (mbs, _) = one_stream(&p, 64 << 20, count64).await;
+        row(
+            "1. one stream, 64 MiB pushes: MB/s",
+            name,
+            format!("{mbs:.0}"),
+        );
+
+        let (streams, rounds) = if full { (1000, 20) } else { (10, 2) };
+        let (rate, p50, p99) = many_streams(&p, &cp_stats, streams, rounds).await;
+        row(
+            "2. 1,000 streams x 16 KiB: pushes/s",
+            name,
+            format!("{rate:.0}"),
+        );
+        row("2. push->answer p50 (µs)", name, p50.to_string());
+        row("2. push->answer p99 (µs)", name, p99.to_string());
+        drop(p);
+
+        if full && (*name == "xdstap" || *name == "envoy-l7") {
+            for n in [10_000, 30_000] {
+                let p = start(name, &upstream, &receiver.endpoint);
+                if let Some(per) = idle_streams(&p, n).await {
+                    row(
+                        &format!("3. {n} idle streams: RSS per stream (KiB)"),
+                        name,
+                        format!("{:.1}", per / 1024.0),
+                    );
+                }
+            }
+        }
+        if *name != "direct" && *name != "socat" {
+            let p = start(name, &upstream, &receiver.endpoint);
+            if let Some(kib) = big_push(&p).await {
+                row(
+                    "4. one 100 MiB push: peak RSS over idle (MiB)",
+                    name,
+                    format!("{:.1}", kib as f64 / 1024.0),
+                );
+            }
+        }
+    }
+    if let Some((mut c, _, dir)) = nghttpd {
+        let _ = c.kill();
+        let _ = c.wait();
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    // The table, with ratios to direct (throughput) where both exist.
+    println!("\n| workload | {} |", names.join(" | "));
+    println!("|---|{}", "---|".repeat(names.len()));
+    for r in &rows {
+        let cells: Vec<String> = names
+            .iter()
+            .map(|n| {
+                let v = r
+                    .figures
+                    .iter()
+                    .find(|(name, _)| name == n)
+                    .map(|(_, f)| f.clone());
+                let direct = r
+                    .figures
+                    .iter()
+                    .find(|(name, _)| name == "direct")
+                    .and_then(|(_, f)| f.parse::<f64>().ok());
+                match (v, direct) {
+                    (Some(v), Some(d))
+                        if *n != "direct" && d > 0.0 && r.workload.contains("/s") =>
+                    {
+                        let x: f64 = v.parse().unwrap_or(0.0);
+                        format!("{v} ({:.2}x)", x / d)
+                    }
+                    (Some(v), _) => v,
+                    (None, _) => "-".into(),
+                }
+            })
+            .collect();
+        println!("| {} | {} |", r.workload, cells.join(" | "));
+    }
+    println!(
+        "\nspans received by the OTLP receiver: {}",
+        receiver.spans().len()
+    );
+}

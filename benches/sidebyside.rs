@@ -289,6 +289,14 @@ struct Proxy {
 impl Drop for Proxy {
     fn drop(&mut self) {
         if let Some(c) = self.child.as_mut() {
+            // SIGINT first: perf (when profiling) writes its data on it.
+            let _ = Command::new("kill")
+                .args(["-INT", &c.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline && matches!(c.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
             let _ = c.kill();
             let _ = c.wait();
         }
@@ -391,20 +399,41 @@ fn start(name: &'static str, upstream: &str, otlp: &str) -> Proxy {
                 .spawn()
                 .expect("envoy (scripts/install-envoy)")
         }
-        "xdstap" => Command::new(env!("CARGO_BIN_EXE_xdstap"))
-            .args(["run", "--listen", &format!("127.0.0.1:{port}")])
-            .args([
-                "--upstream",
-                upstream,
-                "--admin",
-                "off",
-                "--log-level",
-                "error",
-            ])
-            .args(["--otlp-endpoint", otlp, "--otlp-protocol", "grpc"])
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
+        "xdstap" => {
+            // SIDEBYSIDE_PERF=FILE runs the tap under `perf record -g` writing FILE.
+            let mut c = match std::env::var("SIDEBYSIDE_PERF") {
+                Ok(out) => {
+                    let mut c = Command::new("perf");
+                    c.args(["record", "-F", "999", "-g", "-o", &out, "--"])
+                        .arg(env!("CARGO_BIN_EXE_xdstap"));
+                    c
+                }
+                Err(_) => Command::new(env!("CARGO_BIN_EXE_xdstap")),
+            };
+            if let Ok(n) = std::env::var("SIDEBYSIDE_TAP_THREADS") {
+                c.env("TOKIO_WORKER_THREADS", n);
+            }
+            c.args(["run", "--listen", &format!("127.0.0.1:{port}")])
+                .args([
+                    "--upstream",
+                    upstream,
+                    "--admin",
+                    "off",
+                    "--log-level",
+                    "error",
+                ])
+                .args(["--otlp-endpoint", otlp, "--otlp-protocol", "grpc"])
+                // SIDEBYSIDE_TAP_ARGS adds flags, e.g. "--stream-window 2MiB".
+                .args(
+                    std::env::var("SIDEBYSIDE_TAP_ARGS")
+                        .unwrap_or_default()
+                        .split_whitespace(),
+                )
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        }
         other => panic!("unknown proxy {other}"),
     };
     let addr = format!("127.0.0.1:{port}");
@@ -604,11 +633,21 @@ async fn run(full: bool) {
     let upstream = listener.local_addr().unwrap().to_string();
     tokio::spawn(control_plane(listener, cp_stats.clone()));
     let receiver = otlp::Receiver::grpc().await;
-    let names: &[&'static str] = if full {
+    let all: &[&'static str] = if full {
         &["direct", "socat", "envoy-l7", "xdstap"]
     } else {
         &["direct", "xdstap"]
     };
+    // SIDEBYSIDE_ONLY=xdstap,direct and SIDEBYSIDE_WORKLOADS=1,2 narrow a run (for profiling).
+    let only = std::env::var("SIDEBYSIDE_ONLY").unwrap_or_default();
+    let names: Vec<&'static str> = all
+        .iter()
+        .copied()
+        .filter(|n| only.is_empty() || only.split(',').any(|o| o == *n))
+        .collect();
+    let names = &names[..];
+    let workloads = std::env::var("SIDEBYSIDE_WORKLOADS").unwrap_or_else(|_| "0,1,2,3,4".into());
+    let on = |w: &str| workloads.split(',').any(|x| x == w);
     let mut rows: Vec<Row> = Vec::new();
     let mut row = |workload: &str, name: &str, figure: String| {
         if let Some(r) = rows.iter_mut().find(|r| r.workload == workload) {
@@ -622,7 +661,7 @@ async fn run(full: bool) {
     };
 
     // Workload 0: nghttpd + h2load, when installed.
-    let nghttpd = if full && Command::new("h2load").arg("--version").output().is_ok() {
+    let nghttpd = if full && on("0") && Command::new("h2load").arg("--version").output().is_ok() {
         let dir = std::env::temp_dir().join(format!("xdstap-bench-www-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("4m.bin"), vec![0x5au8; 4 << 20]).unwrap();
@@ -663,38 +702,41 @@ async fn run(full: bool) {
     for name in names {
         let p = start(name, &upstream, &receiver.endpoint);
         let (count4, count64) = if full { (100, 8) } else { (2, 1) };
-        let (mbs, cpu) = one_stream(&p, 4 << 20, count4).await;
-        row(
-            "1. one stream, 4 MiB pushes: MB/s",
-            name,
-            format!("{mbs:.0}"),
-        );
-        if let Some(c) = cpu {
+        if on("1") {
+            let (mbs, cpu) = one_stream(&p, 4 << 20, count4).await;
             row(
-                "1. proxy CPU-seconds per GiB (4 MiB)",
+                "1. one stream, 4 MiB pushes: MB/s",
                 name,
-                format!("{c:.2}"),
+                format!("{mbs:.0}"),
+            );
+            if let Some(c) = cpu {
+                row(
+                    "1. proxy CPU-seconds per GiB (4 MiB)",
+                    name,
+                    format!("{c:.2}"),
+                );
+            }
+            let (mbs, _) = one_stream(&p, 64 << 20, count64).await;
+            row(
+                "1. one stream, 64 MiB pushes: MB/s",
+                name,
+                format!("{mbs:.0}"),
             );
         }
-        let (mbs, _) = one_stream(&p, 64 << 20, count64).await;
-        row(
-            "1. one stream, 64 MiB pushes: MB/s",
-            name,
-            format!("{mbs:.0}"),
-        );
-
-        let (streams, rounds) = if full { (1000, 20) } else { (10, 2) };
-        let (rate, p50, p99) = many_streams(&p, &cp_stats, streams, rounds).await;
-        row(
-            "2. 1,000 streams x 16 KiB: pushes/s",
-            name,
-            format!("{rate:.0}"),
-        );
-        row("2. push->answer p50 (µs)", name, p50.to_string());
-        row("2. push->answer p99 (µs)", name, p99.to_string());
+        if on("2") {
+            let (streams, rounds) = if full { (1000, 20) } else { (10, 2) };
+            let (rate, p50, p99) = many_streams(&p, &cp_stats, streams, rounds).await;
+            row(
+                "2. 1,000 streams x 16 KiB: pushes/s",
+                name,
+                format!("{rate:.0}"),
+            );
+            row("2. push->answer p50 (µs)", name, p50.to_string());
+            row("2. push->answer p99 (µs)", name, p99.to_string());
+        }
         drop(p);
 
-        if full && (*name == "xdstap" || *name == "envoy-l7") {
+        if full && on("3") && (*name == "xdstap" || *name == "envoy-l7") {
             for n in [10_000, 30_000] {
                 let p = start(name, &upstream, &receiver.endpoint);
                 if let Some(per) = idle_streams(&p, n).await {
@@ -706,7 +748,7 @@ async fn run(full: bool) {
                 }
             }
         }
-        if *name != "direct" && *name != "socat" {
+        if on("4") && *name != "direct" && *name != "socat" {
             let p = start(name, &upstream, &receiver.endpoint);
             if let Some(kib) = big_push(&p).await {
                 row(

@@ -128,10 +128,11 @@ pub struct Options {
     /// Server name to send and verify [default: the upstream host].
     #[arg(long, value_name = "NAME", help_heading = "Upstream TLS")]
     pub upstream_sni: Option<String>,
-    /// HTTP/2 stream window, both sides [default: 16MiB].
+    /// HTTP/2 stream window, both sides; also the most the tap buffers per stream and direction
+    /// [default: 4MiB].
     #[arg(long, value_name = "SIZE", help_heading = "HTTP/2")]
     pub stream_window: Option<String>,
-    /// HTTP/2 connection window, both sides [default: 24MiB].
+    /// HTTP/2 connection window, both sides [default: 8MiB].
     #[arg(long, value_name = "SIZE", help_heading = "HTTP/2")]
     pub connection_window: Option<String>,
     /// Largest HTTP/2 DATA frame accepted [default: 16384].

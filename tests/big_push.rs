@@ -1,6 +1,7 @@
 //! A 100 MiB SotW push through the `xdstap` binary, run as its own process so its memory can be
 //! read from /proc: the push is decoded (nonce, version and resource count in the event log) and
-//! the tap's peak RSS rises by less than 16 MiB over idle, because no message is held whole.
+//! the tap's peak RSS rises by less than 16 MiB over idle, because no message is held whole and
+//! the tap holds at most one stream window (4 MiB by default) of it at a time.
 
 mod support;
 
@@ -63,7 +64,7 @@ fn tail(nonce: &str) -> Vec<u8> {
 /// Sends `data` as the peer's window allows, so the sender never buffers more than it must.
 async fn send_all(send: &mut h2::SendStream<Bytes>, mut data: Bytes) {
     while !data.is_empty() {
-        send.reserve_capacity(data.len());
+        send.reserve_capacity(data.len().min(4 << 20));
         let capacity = std::future::poll_fn(|cx| send.poll_capacity(cx))
             .await
             .expect("stream open")
@@ -76,15 +77,29 @@ async fn send_all(send: &mut h2::SendStream<Bytes>, mut data: Bytes) {
     }
 }
 
+/// The gRPC message of a push of `count` clusters, built before it is sent.
+fn push(version: &str, nonce: &str, count: usize) -> Bytes {
+    let mut m = head(version);
+    for i in 0..count {
+        m.extend_from_slice(&cluster_any(i));
+    }
+    m.extend_from_slice(&tail(nonce));
+    let mut framed = Vec::with_capacity(m.len() + 5);
+    framed.push(0);
+    framed.extend_from_slice(&(m.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&m);
+    framed.into()
+}
+
 /// A control plane that answers the first request with a small push and the second with a push
-/// of `CLUSTERS` clusters (about 100 MiB), generated and sent 1 MiB at a time.
+/// of `CLUSTERS` clusters (about 100 MiB), built beforehand and sent as fast as the tap's window
+/// lets it: the worst case for the tap's memory, since it then holds a full window whenever the
+/// client reads more slowly than the control plane writes.
 async fn control_plane(listener: TcpListener) {
+    let small = push("v1", "n1", 1);
+    let big = push("v2-big", "n2-big", CLUSTERS);
     let (io, _) = listener.accept().await.unwrap();
-    let mut conn = h2::server::Builder::new()
-        .initial_window_size(1 << 20)
-        .handshake(io)
-        .await
-        .unwrap();
+    let mut conn = h2::server::handshake(io).await.unwrap();
     let (req, mut respond) = conn.accept().await.unwrap().unwrap();
     tokio::spawn(async move { while conn.accept().await.is_some() {} });
     let mut body = req.into_body();
@@ -98,25 +113,11 @@ async fn control_plane(listener: TcpListener) {
         let _ = body.flow_control().release_capacity(chunk.len());
         // Each request here arrives in one DATA frame; the test's client sends them whole.
         requests += 1;
-        let (version, nonce, count) = match requests {
-            1 => ("v1", "n1", 1),
-            2 => ("v2-big", "n2-big", CLUSTERS),
-            _ => continue,
-        };
-        let total = head(version).len()
-            + (0..count).map(|i| cluster_any(i).len()).sum::<usize>()
-            + tail(nonce).len();
-        let mut piece = vec![0];
-        piece.extend_from_slice(&(total as u32).to_be_bytes());
-        piece.extend_from_slice(&head(version));
-        for i in 0..count {
-            piece.extend_from_slice(&cluster_any(i));
-            if piece.len() >= 1 << 20 {
-                send_all(&mut send, std::mem::take(&mut piece).into()).await;
-            }
+        match requests {
+            1 => send_all(&mut send, small.clone()).await,
+            2 => send_all(&mut send, big.clone()).await,
+            _ => {}
         }
-        piece.extend_from_slice(&tail(nonce));
-        send_all(&mut send, piece.into()).await;
     }
 }
 

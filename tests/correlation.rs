@@ -106,7 +106,7 @@ async fn story(delta: bool) {
     if !delta {
         assert_eq!(v.client_version.as_deref(), Some("v1"));
     }
-    let recorded = cp.answer_to(&v.nonce).unwrap().error.unwrap();
+    let recorded = cp.answer_eventually(&v.nonce).await.error.unwrap();
     assert_eq!(
         error.message, recorded.1,
         "the NACK text is Envoy's own, as sent"
@@ -166,12 +166,15 @@ async fn story(delta: bool) {
     if delta {
         let names: Vec<&str> = resub.1.iter().map(|(n, _)| n.as_str()).collect();
         assert!(names.contains(&"a") && names.contains(&"b"), "{resub:?}");
-        let cp_side = cp
-            .requests()
-            .into_iter()
-            .rev()
-            .find(|r| r.type_url == CDS && !r.initial_versions.is_empty())
-            .unwrap();
+        // The tap sees the request before it forwards it: wait for the control plane's record.
+        let cp_side =
+            support::eventually(10, "the control plane to record the resubscribe", || {
+                cp.requests()
+                    .into_iter()
+                    .rev()
+                    .find(|r| r.type_url == CDS && !r.initial_versions.is_empty())
+            })
+            .await;
         let stated: Vec<(String, String)> = cp_side.initial_versions.into_iter().collect();
         let mut ours = resub.1.clone();
         ours.sort();

@@ -175,8 +175,8 @@ async fn story(delta: bool, receiver: Receiver, protocol: Protocol) {
         let status = s.span.status.clone().unwrap();
         assert_eq!(status.code, 2, "NACK spans have status ERROR");
         let recorded = cp
-            .answer_to(&s.text("xds.nonce").unwrap())
-            .unwrap()
+            .answer_eventually(&s.text("xds.nonce").unwrap())
+            .await
             .error
             .unwrap();
         assert_eq!(

@@ -163,8 +163,8 @@ async fn two_envoys_one_rejects_its_config() {
     let cds = n2.types.iter().find(|t| t.short_type == "CDS").unwrap();
     let nack = cds.nack.clone().unwrap();
     let recorded = cp
-        .answer_to(cds.nonce.as_deref().unwrap())
-        .unwrap()
+        .answer_eventually(cds.nonce.as_deref().unwrap())
+        .await
         .error
         .unwrap();
     assert_eq!(nack.message, recorded.1, "Envoy's own message");

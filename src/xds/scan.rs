@@ -237,7 +237,11 @@ impl Scanner {
                     if *left == 0 {
                         let slot = *slot;
                         self.state = FRESH;
-                        let text = String::from_utf8_lossy(&self.buf).into_owned();
+                        // Names are UTF-8 in practice: validate fast, fall back to lossy.
+                        let text = match std::str::from_utf8(&self.buf) {
+                            Ok(s) => s.to_owned(),
+                            Err(_) => String::from_utf8_lossy(&self.buf).into_owned(),
+                        };
                         self.buf.clear();
                         self.captured(slot, text);
                     }

@@ -153,6 +153,17 @@ impl ControlPlane {
             .find(|r| r.response_nonce == nonce)
     }
 
+    /// The answer to `nonce`, waiting for it: the tap sees an answer before it forwards it, so
+    /// a test that learns of it from the tap can be ahead of the control plane's record.
+    pub async fn answer_eventually(&self, nonce: &str) -> Recorded {
+        super::eventually(
+            10,
+            &format!("the control plane to record the answer to {nonce}"),
+            || self.answer_to(nonce),
+        )
+        .await
+    }
+
     fn record(&self, r: Recorded) {
         self.inner.log.lock().unwrap().requests.push(r);
     }

@@ -6,21 +6,8 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use xdstap::correlate::{Correlator, StreamContext};
 use xdstap::grpc::{encode, Deframer, Event as Frame};
 use xdstap::xds::scan::{Kind, Scanner};
+use xdstap::xds::wire::bytes as field;
 use xdstap::xds::{Api, Message};
-
-fn varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-fn field(out: &mut Vec<u8>, n: u32, b: &[u8]) {
-    varint(out, ((n as u64) << 3) | 2);
-    varint(out, b.len() as u64);
-    out.extend_from_slice(b);
-}
 
 /// A cluster of Istio's shape and size: a long name and ~500 bytes of settings.
 fn cluster(i: usize) -> Vec<u8> {

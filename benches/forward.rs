@@ -18,25 +18,12 @@ use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throug
 use tokio::net::{TcpListener, TcpStream};
 use xdstap::proxy::{Connector, Endpoint, Listener, NoObserver, Observe, Proxy, Settings};
 use xdstap::tap::{Pipeline, PipelineOptions};
+use xdstap::xds::wire::bytes as field;
 
 const ADS: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
 const CDS: &[u8] = b"type.googleapis.com/envoy.config.cluster.v3.Cluster";
 const PUSH_SIZE: usize = 4 << 20;
-
-fn varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-fn field(out: &mut Vec<u8>, n: u32, b: &[u8]) {
-    varint(out, ((n as u64) << 3) | 2);
-    varint(out, b.len() as u64);
-    out.extend_from_slice(b);
-}
 
 /// A push split in two: the shared part (gRPC prefix, version, ~4 MiB of clusters) and the
 /// per-push tail (type URL and a fixed-width nonce), so the server sends a fresh nonce each time

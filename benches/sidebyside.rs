@@ -28,26 +28,13 @@ use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use tokio::net::{TcpListener, TcpStream};
+use xdstap::xds::wire::bytes as field;
 
 const ADS: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
 const CDS: &[u8] = b"type.googleapis.com/envoy.config.cluster.v3.Cluster";
 const WINDOW: u32 = 16 << 20;
 const CONN_WINDOW: u32 = 24 << 20;
-
-fn varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-fn field(out: &mut Vec<u8>, n: u32, b: &[u8]) {
-    varint(out, ((n as u64) << 3) | 2);
-    varint(out, b.len() as u64);
-    out.extend_from_slice(b);
-}
 
 /// A push body of about `size` bytes (2 KiB clusters), without its tail; shared by all pushes
 /// of that size.

@@ -32,57 +32,7 @@ const TCP_PROXY: &str =
 const NODE: &str = "demo-client~127.0.0.1~builtin.demo~demo.svc.cluster.local";
 const ENVOY_NODE: &str = "demo-envoy~127.0.0.1~envoy.demo~demo.svc.cluster.local";
 
-/// Minimal protobuf writing, for the demo's own messages.
-mod pb {
-    pub fn varint(out: &mut Vec<u8>, mut v: u64) {
-        while v >= 0x80 {
-            out.push((v as u8) | 0x80);
-            v >>= 7;
-        }
-        out.push(v as u8);
-    }
-    pub fn bytes(out: &mut Vec<u8>, field: u32, b: &[u8]) {
-        varint(out, ((field as u64) << 3) | 2);
-        varint(out, b.len() as u64);
-        out.extend_from_slice(b);
-    }
-    pub fn uint(out: &mut Vec<u8>, field: u32, v: u64) {
-        varint(out, (field as u64) << 3);
-        varint(out, v);
-    }
-    /// (field, wire type, varint value or bytes) of each top-level field.
-    pub fn fields(mut b: &[u8]) -> Vec<(u32, u64, Vec<u8>)> {
-        let mut out = Vec::new();
-        let read = |b: &mut &[u8]| -> Option<u64> {
-            let mut v = 0u64;
-            for shift in (0..64).step_by(7) {
-                let (&x, rest) = b.split_first()?;
-                *b = rest;
-                v |= ((x & 0x7f) as u64) << shift;
-                if x & 0x80 == 0 {
-                    return Some(v);
-                }
-            }
-            None
-        };
-        while !b.is_empty() {
-            let Some(tag) = read(&mut b) else { break };
-            match tag & 7 {
-                0 => out.push(((tag >> 3) as u32, read(&mut b).unwrap_or(0), vec![])),
-                2 => {
-                    let n = read(&mut b).unwrap_or(0) as usize;
-                    let n = n.min(b.len());
-                    out.push(((tag >> 3) as u32, 0, b[..n].to_vec()));
-                    b = &b[n..];
-                }
-                1 => b = &b[8.min(b.len())..],
-                5 => b = &b[4.min(b.len())..],
-                _ => break,
-            }
-        }
-        out
-    }
-}
+use crate::xds::wire as pb;
 
 /// A STATIC cluster (type 0, no endpoints) with a connect timeout; name field 1,
 /// connect_timeout 4. Envoy rejects a timeout of 0s.
@@ -242,7 +192,7 @@ enum Command {
     Push(&'static str),
     /// Push two CDS snapshots in one DATA frame, before any answer can come back.
     PushPair(Snapshot, Snapshot),
-    /// Push LDS, then end the stream with grpc-status 14: the control plane restarting.
+    /// End the stream with grpc-status 14: the control plane restarting.
     Restart,
 }
 
@@ -373,8 +323,6 @@ impl ControlPlane {
                             pipe.send.send_data(Bytes::from(both), false).map_err(anyhow::Error::from)
                         }
                         Command::Restart => {
-                            let r = self.current().response(LDS, &self.next_nonce());
-                            let _ = pipe.send(&r);
                             let mut trailers = http::HeaderMap::new();
                             trailers.insert("grpc-status", http::HeaderValue::from_static("14"));
                             trailers.insert("grpc-message", http::HeaderValue::from_static("control plane restarting"));
@@ -688,7 +636,10 @@ impl Printer {
                 Event::StaleAnswer { nonce, pending_nonce, .. } => {
                     self.paint("33", &format!("{t}  {ty:4} stale answer to nonce {nonce} while {pending_nonce} is pending (not an ACK of it)"))
                 }
-                Event::StreamEnd { .. } => continue,
+                Event::StreamEnd { grpc_status, message, .. } => self.paint(
+                    "33",
+                    &format!("{t}  ---  stream ended: grpc-status {}, {message}", grpc_status.map_or("none".to_string(), |s| s.to_string())),
+                ),
             };
             println!("{line}");
         }
@@ -1000,7 +951,8 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<Outcome> {
         ];
     outcome.steps.push(("back to back".into(), v));
 
-    // Step 4b: the control plane restarts mid-push; the client reconnects stating its versions.
+    // Step 4b: the control plane restarts with v6 ready; the client reconnects stating the
+    // versions it runs and gets v6.
     let mark = pipeline.recorder.events().len();
     cp.set(snapshot("v6", 4000, 1000, &["http", "https"]));
     cp.command(Command::Restart);
@@ -1016,9 +968,10 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<Outcome> {
     )
     .await?;
     let v = verdicts_since(&pipeline.recorder.events(), mark);
-    let ok5 = v.contains(&"LDS v6 unanswered".to_string())
-        && v.contains(&"CDS resubscribe v5".to_string())
-        && v.contains(&"CDS v6 ack".to_string());
+    let ok5 = v.contains(&"CDS resubscribe v5".to_string())
+        && v.contains(&"LDS resubscribe v1".to_string())
+        && v.contains(&"CDS v6 ack".to_string())
+        && v.contains(&"LDS v6 ack".to_string());
     outcome.steps.push(("restart".into(), v));
     outcome.ok = ok1 && ok2 && ok3 && ok4 && ok5;
 
@@ -1047,7 +1000,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<Outcome> {
         );
         println!("  harmless change to cluster a never landed until v3. v4 was superseded by v5, and the");
         println!("  client's late answer to v4 was not taken as acceptance of v5. When the control plane");
-        println!("  restarted, its pending LDS push was left unanswered and the client reconnected stating v5.");
+        println!("  restarted, the client reconnected stating the versions it runs (CDS v5, LDS v1) and got v6.");
         println!(
             "\nSpans: {} span(s) exported to {}",
             outcome.spans_exported, outcome.spans

@@ -3,6 +3,7 @@
 
 pub mod decode;
 pub mod scan;
+pub mod wire;
 
 /// State of the World or incremental.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]

@@ -15,25 +15,12 @@ use prost::Message as _;
 use support::resources::CDS;
 use support::{eventually, TempDir};
 use tokio::net::{TcpListener, UnixStream};
+use xdstap::xds::wire::bytes as field;
 
 const ADS: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
 const CLUSTERS: usize = 50_000;
 const CLUSTER_BODY: usize = 2_040;
-
-fn varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-fn field(out: &mut Vec<u8>, n: u32, b: &[u8]) {
-    varint(out, ((n as u64) << 3) | 2);
-    varint(out, b.len() as u64);
-    out.extend_from_slice(b);
-}
 
 /// Cluster `i` as an `Any`, encoded by hand so the push can be produced piece by piece.
 fn cluster_any(i: usize) -> Vec<u8> {

@@ -44,8 +44,8 @@ fn check_story(summary: &serde_json::Value, events: &[serde_json::Value]) {
     );
     let restart = &steps[4].1;
     for v in [
-        "LDS v6 unanswered",
         "CDS resubscribe v5",
+        "LDS resubscribe v1",
         "CDS v6 ack",
         "LDS v6 ack",
     ] {

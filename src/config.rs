@@ -578,6 +578,7 @@ impl Config {
                 max_frame_size,
                 shutdown_grace,
                 connect_timeout,
+                ..defaults
             },
             log_format,
             log_level,

@@ -32,6 +32,8 @@ pub struct Settings {
     pub connection_window: u32,
     /// Largest DATA frame payload we accept, bytes.
     pub max_frame_size: u32,
+    /// Largest header list accepted from either side (Envoy's default is 60 KiB).
+    pub max_header_list_size: u32,
     /// How long open streams may run after a shutdown signal before they are cut.
     pub shutdown_grace: Duration,
     /// How long to wait for the upstream TCP/TLS/HTTP2 handshake.
@@ -49,6 +51,7 @@ impl Default for Settings {
             stream_window: 4 << 20,
             connection_window: 8 << 20,
             max_frame_size: 16_384,
+            max_header_list_size: 64 << 10,
             shutdown_grace: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(10),
         }
@@ -162,6 +165,9 @@ pub struct ProxyStats {
     pub upstream_connect_errors: AtomicU64,
     /// Downstream connections that failed their TLS or HTTP/2 handshake.
     pub handshake_errors: AtomicU64,
+    /// Downstream connections that ended with an error (a protocol violation, a flood, a
+    /// broken socket), after their handshake.
+    pub connection_errors: AtomicU64,
     /// Most bytes one stream and direction ever held inside the tap (received, not yet handed on).
     pub peak_stream_buffered: AtomicU64,
 }

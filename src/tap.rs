@@ -199,13 +199,12 @@ impl StreamObserver for XdsStream {
         let messages_before = count.messages;
         let framed = deframer.feed(chunk, &mut |frame| match frame {
             Frame::Start { compressed, len } => {
-                *decoder = Some(MessageDecoder::new(
-                    kind,
-                    len,
-                    compressed,
-                    encoding.as_deref(),
-                    limit,
-                ));
+                let d = MessageDecoder::new(kind, len, compressed, encoding.as_deref(), limit);
+                match d.early_error() {
+                    // Counted now; the message itself is forwarded untouched as it streams.
+                    Some(e) => finished.push(Err(e)),
+                    None => *decoder = Some(d),
+                }
             }
             Frame::Body(b) => {
                 if let Some(d) = decoder.as_mut() {

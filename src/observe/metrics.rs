@@ -211,6 +211,12 @@ impl prometheus_client::collector::Collector for Sources {
         )?;
         counter(
             &mut e,
+            "xdstap_connection_errors",
+            "Client connections that ended with an error after the handshake (protocol violation, flood, broken socket).",
+            &[(&[], read(&p.connection_errors))],
+        )?;
+        counter(
+            &mut e,
             "xdstap_decoded_messages",
             "xDS messages decoded.",
             &[(&[], read(&t.decoded))],

@@ -41,12 +41,19 @@ pub(super) async fn serve(
         .initial_window_size(settings.stream_window)
         .initial_connection_window_size(settings.connection_window)
         .max_frame_size(settings.max_frame_size)
+        .max_header_list_size(settings.max_header_list_size)
         .handshake::<_, Bytes>(io);
-    let mut conn = match handshake.await {
-        Ok(conn) => conn,
-        Err(e) => {
+    // A client that connects and never speaks HTTP/2 is dropped after the connect timeout.
+    let mut conn = match tokio::time::timeout(settings.connect_timeout, handshake).await {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(e)) => {
             ProxyStats::add(&stats.handshake_errors, 1);
-            tracing::warn!(%peer, error = %e, "Client HTTP/2 handshake failed");
+            tracing::warn!(%peer, error = %e, "Client HTTP/2 handshake failed (not HTTP/2 with prior knowledge?)");
+            return;
+        }
+        Err(_) => {
+            ProxyStats::add(&stats.handshake_errors, 1);
+            tracing::warn!(%peer, timeout = ?settings.connect_timeout, "Client sent no HTTP/2 preface in time");
             return;
         }
     };
@@ -83,7 +90,15 @@ pub(super) async fn serve(
     };
     match result {
         Ok(()) => tracing::info!(conn = conn_id, %peer, streams, "Connection closed"),
-        Err(e) => tracing::info!(conn = conn_id, %peer, streams, error = %e, "Connection closed"),
+        Err(e) => {
+            ProxyStats::add(&stats.connection_errors, 1);
+            if e.is_go_away() && !e.is_remote() {
+                // We ended it: a protocol violation or a flood (ENHANCE_YOUR_CALM).
+                tracing::warn!(conn = conn_id, %peer, streams, error = %e, "Closed a client connection that broke HTTP/2 rules");
+            } else {
+                tracing::info!(conn = conn_id, %peer, streams, error = %e, "Connection closed");
+            }
+        }
     }
 }
 

@@ -122,6 +122,7 @@ impl Connector {
             .initial_window_size(settings.stream_window)
             .initial_connection_window_size(settings.connection_window)
             .max_frame_size(settings.max_frame_size)
+            .max_header_list_size(settings.max_header_list_size)
             .handshake::<_, Bytes>(io)
             .await
             .map_err(|source| ConnectError::Http2 {

@@ -135,6 +135,16 @@ impl MessageDecoder {
     }
 
     /// The body is complete.
+    /// The error when the message is known to be undecodable from its prefix alone (over the
+    /// limit, an encoding we do not inflate), so it can be counted at once rather than after
+    /// the whole message has streamed past (a length prefix may claim 4 GiB).
+    pub fn early_error(&self) -> Option<DecodeError> {
+        match &self.input {
+            Input::Failed(e) => Some(e.clone()),
+            _ => None,
+        }
+    }
+
     pub fn finish(self) -> Result<Message, DecodeError> {
         let sink = match self.input {
             Input::Plain(sink) => *sink,

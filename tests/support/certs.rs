@@ -12,6 +12,18 @@ pub struct Pki {
     pub client_cert: PathBuf,
     pub client_key: PathBuf,
     pub other_ca: PathBuf,
+    /// localhost, signed by the CA, expired in 2021.
+    pub expired_cert: PathBuf,
+    pub expired_key: PathBuf,
+    /// Signed by the CA for `other.example` only.
+    pub wrong_name_cert: PathBuf,
+    pub wrong_name_key: PathBuf,
+    /// A client certificate signed by the CA, expired in 2021.
+    pub expired_client_cert: PathBuf,
+    pub expired_client_key: PathBuf,
+    /// A client certificate signed by the other CA.
+    pub stranger_cert: PathBuf,
+    pub stranger_key: PathBuf,
 }
 
 fn ca(name: &str) -> (rcgen::Certificate, KeyPair, CertificateParams) {
@@ -38,7 +50,28 @@ pub fn make(dir: &std::path::Path) -> Pki {
         .unwrap()
         .signed_by(&client_key, &issuer)
         .unwrap();
-    let (other, _, _) = ca("some other CA");
+    let (other, other_key, other_params) = ca("some other CA");
+    let other_issuer = Issuer::new(other_params, other_key);
+    let expired = |names: Vec<String>| {
+        let mut p = CertificateParams::new(names).unwrap();
+        p.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        p.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        let key = KeyPair::generate().unwrap();
+        let cert = p.signed_by(&key, &issuer).unwrap();
+        (cert, key)
+    };
+    let (expired_server, expired_server_key) = expired(vec!["localhost".into()]);
+    let (expired_client, expired_client_key) = expired(vec!["envoy-client".into()]);
+    let wrong_name_key = KeyPair::generate().unwrap();
+    let wrong_name = CertificateParams::new(vec!["other.example".into()])
+        .unwrap()
+        .signed_by(&wrong_name_key, &issuer)
+        .unwrap();
+    let stranger_key = KeyPair::generate().unwrap();
+    let stranger = CertificateParams::new(vec!["envoy-client".into()])
+        .unwrap()
+        .signed_by(&stranger_key, &other_issuer)
+        .unwrap();
     let write = |name: &str, pem: String| {
         let p = dir.join(name);
         std::fs::write(&p, pem).unwrap();
@@ -51,5 +84,13 @@ pub fn make(dir: &std::path::Path) -> Pki {
         client_cert: write("client.pem", client.pem()),
         client_key: write("client.key", client_key.serialize_pem()),
         other_ca: write("other-ca.pem", other.pem()),
+        expired_cert: write("expired.pem", expired_server.pem()),
+        expired_key: write("expired.key", expired_server_key.serialize_pem()),
+        wrong_name_cert: write("wrong-name.pem", wrong_name.pem()),
+        wrong_name_key: write("wrong-name.key", wrong_name_key.serialize_pem()),
+        expired_client_cert: write("expired-client.pem", expired_client.pem()),
+        expired_client_key: write("expired-client.key", expired_client_key.serialize_pem()),
+        stranger_cert: write("stranger.pem", stranger.pem()),
+        stranger_key: write("stranger.key", stranger_key.serialize_pem()),
     }
 }

@@ -114,7 +114,13 @@ impl XdsTap {
             },
             sinks,
         );
-        options.observer = pipeline.tap.clone();
+        options.observer = match std::env::var_os("XDSTAP_FUZZ_SEEDS") {
+            Some(dir) => Arc::new(Capture {
+                inner: pipeline.tap.clone(),
+                dir: dir.into(),
+            }),
+            None => pipeline.tap.clone(),
+        };
         XdsTap {
             tap: Tap::with(options).await,
             pipeline,
@@ -160,4 +166,81 @@ pub struct Verdict {
     pub verdict: xdstap::correlate::Verdict,
     pub client_version: Option<String>,
     pub names: Vec<String>,
+}
+
+/// With `XDSTAP_FUZZ_SEEDS=DIR`, the xDS messages real peers exchange through an [`XdsTap`] are
+/// written to DIR as fuzz seeds: `DIR/framer/*` (each direction's raw body) and
+/// `DIR/decode/*` (each message, prefixed as the decode target reads it). See scripts/fuzz.
+struct Capture {
+    inner: Arc<xdstap::tap::Tap>,
+    dir: std::path::PathBuf,
+}
+
+struct CaptureStream {
+    inner: Box<dyn xdstap::proxy::StreamObserver>,
+    dir: std::path::PathBuf,
+    id: u64,
+    bodies: [Vec<u8>; 2],
+    delta: bool,
+}
+
+impl Observe for Capture {
+    fn on_stream(&self, info: &xdstap::proxy::StreamInfo<'_>) -> Box<dyn xdstap::proxy::StreamObserver> {
+        Box::new(CaptureStream {
+            inner: self.inner.on_stream(info),
+            dir: self.dir.clone(),
+            id: info.id,
+            bodies: [Vec::new(), Vec::new()],
+            delta: info.path.contains("Delta"),
+        })
+    }
+}
+
+impl xdstap::proxy::StreamObserver for CaptureStream {
+    fn on_data(&mut self, d: xdstap::proxy::Direction, chunk: &bytes::Bytes) {
+        self.bodies[d as usize].extend_from_slice(chunk);
+        self.inner.on_data(d, chunk);
+    }
+    fn on_response_headers(&mut self, h: &http::HeaderMap) {
+        self.inner.on_response_headers(h);
+    }
+    fn on_trailers(&mut self, d: xdstap::proxy::Direction, t: &http::HeaderMap) {
+        self.inner.on_trailers(d, t);
+    }
+    fn on_end(&mut self, end: &xdstap::proxy::StreamEnd) {
+        self.inner.on_end(end);
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let pid = format!(
+            "{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        for (i, body) in self.bodies.iter().enumerate() {
+            if body.is_empty() {
+                continue;
+            }
+            let framer = self.dir.join("framer");
+            let _ = std::fs::create_dir_all(&framer);
+            let mut seed = vec![7u8];
+            seed.extend_from_slice(body);
+            let _ = std::fs::write(framer.join(format!("{pid}-{}-{i}", self.id)), seed);
+            let decode = self.dir.join("decode");
+            let _ = std::fs::create_dir_all(&decode);
+            // kind: bit 0 response, bit 1 delta (see fuzz/fuzz_targets/decode.rs)
+            let kind = (i as u8) | if self.delta { 2 } else { 0 };
+            let mut rest = &body[..];
+            let mut n = 0;
+            while rest.len() >= 5 {
+                let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+                if rest.len() < 5 + len || rest[0] != 0 {
+                    break;
+                }
+                let mut seed = vec![kind, (len / 2).min(255) as u8];
+                seed.extend_from_slice(&rest[5..5 + len]);
+                let _ = std::fs::write(decode.join(format!("{pid}-{}-{i}-{n}", self.id)), seed);
+                rest = &rest[5 + len..];
+                n += 1;
+            }
+        }
+    }
 }

@@ -409,7 +409,14 @@ fn start(name: &'static str, upstream: &str, otlp: &str) -> Proxy {
                     "--log-level",
                     "error",
                 ])
-                .args(["--otlp-endpoint", otlp, "--otlp-protocol", "grpc"])
+                // SIDEBYSIDE_OTLP replaces the span endpoint ("none": no export), to compare a
+                // live, a dead and no backend.
+                .args(match std::env::var("SIDEBYSIDE_OTLP").as_deref() {
+                    Ok("none") => vec![],
+                    Ok(other) => vec!["--otlp-endpoint".to_string(), other.to_string()],
+                    Err(_) => vec!["--otlp-endpoint".to_string(), otlp.to_string()],
+                })
+                .args(["--otlp-protocol", "grpc"])
                 // SIDEBYSIDE_TAP_ARGS adds flags, e.g. "--stream-window 2MiB".
                 .args(
                     std::env::var("SIDEBYSIDE_TAP_ARGS")

@@ -185,7 +185,10 @@ struct CaptureStream {
 }
 
 impl Observe for Capture {
-    fn on_stream(&self, info: &xdstap::proxy::StreamInfo<'_>) -> Box<dyn xdstap::proxy::StreamObserver> {
+    fn on_stream(
+        &self,
+        info: &xdstap::proxy::StreamInfo<'_>,
+    ) -> Box<dyn xdstap::proxy::StreamObserver> {
         Box::new(CaptureStream {
             inner: self.inner.on_stream(info),
             dir: self.dir.clone(),

@@ -627,6 +627,20 @@ async fn run(full: bool) {
     let upstream = listener.local_addr().unwrap().to_string();
     tokio::spawn(control_plane(listener, cp_stats.clone()));
     let receiver = otlp::Receiver::grpc().await;
+    // SIDEBYSIDE_OTLP=blackhole: a backend that accepts connections and never answers.
+    if std::env::var("SIDEBYSIDE_OTLP").as_deref() == Ok("blackhole") {
+        let hole = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        std::env::set_var(
+            "SIDEBYSIDE_OTLP",
+            format!("http://{}", hole.local_addr().unwrap()),
+        );
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((c, _)) = hole.accept().await {
+                held.push(c);
+            }
+        });
+    }
     let all: &[&'static str] = if full {
         &["direct", "socat", "envoy-l7", "xdstap"]
     } else {

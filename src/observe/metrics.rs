@@ -182,6 +182,14 @@ impl prometheus_client::collector::Collector for Sources {
             "Client connections open.",
             &[(&[], read(&p.connections_active) as i64)],
         )?;
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            gauge(
+                &mut e,
+                "xdstap_tasks",
+                "Tasks alive in the runtime (a leak shows here).",
+                &[(&[], rt.metrics().num_alive_tasks() as i64)],
+            )?;
+        }
         counter(
             &mut e,
             "xdstap_streams",

@@ -420,7 +420,8 @@ impl StatusBoard {
     }
 }
 
-/// The state a node shows: its worst type's. NOT SENT alone counts as fine.
+/// The state a node shows: its worst type's (STALE, then NACKED, PENDING, NOT SENT, SYNCED). Only
+/// STALE and NACKED are problems ([`SyncState::is_problem`]).
 pub fn worst(states: impl Iterator<Item = SyncState>) -> SyncState {
     let rank = |s: SyncState| match s {
         SyncState::Stale => 4,

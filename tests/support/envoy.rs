@@ -88,7 +88,10 @@ dynamic_resources:
     transport_api_version: V3
     set_node_on_first_message_only: true
     grpc_services:
-    - envoy_grpc: {{ cluster_name: xds }}
+    # Tests restart the control plane: reconnect within 50-500 ms, not Envoy's 0.5-30 s.
+    - envoy_grpc:
+        cluster_name: xds
+        retry_policy: {{ retry_back_off: {{ base_interval: 0.05s, max_interval: 0.5s }} }}
   cds_config: {{ ads: {{}}, resource_api_version: V3 }}
   lds_config: {{ ads: {{}}, resource_api_version: V3 }}
 static_resources:

@@ -695,9 +695,9 @@ async fn run(full: bool) {
     if let Some((_, www, _)) = &nghttpd {
         for name in names {
             let p = start(name, www, &receiver.endpoint);
-            let (mbs, cpu) = h2load(&p, 400).unwrap_or((0.0, None));
+            let (mbs, cpu) = h2load(&p, 1000).unwrap_or((0.0, None));
             row(
-                "0. h2load 4 MiB x 400, 4 conns: MB/s",
+                "0. h2load 4 MiB x 1000, 4 conns: MB/s",
                 name,
                 format!("{mbs:.0}"),
             );
@@ -709,7 +709,7 @@ async fn run(full: bool) {
 
     for name in names {
         let p = start(name, &upstream, &receiver.endpoint);
-        let (count4, count64) = if full { (100, 8) } else { (2, 1) };
+        let (count4, count64) = if full { (250, 16) } else { (2, 1) };
         if on("1") {
             let (mbs, cpu) = one_stream(&p, 4 << 20, count4).await;
             row(

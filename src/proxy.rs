@@ -2,6 +2,7 @@
 //! on as they come. Knows HTTP/2 and nothing of gRPC or xDS; every DATA chunk is shown to an
 //! [`Observe`]r before it is forwarded, and forwarding never waits on the observer.
 
+mod batch;
 mod connection;
 mod listen;
 mod stream;

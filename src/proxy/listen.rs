@@ -117,11 +117,14 @@ impl Listener {
                 let (stream, peer) = l.accept().await?;
                 // xDS is request/response chatter: never let Nagle hold an ACK back.
                 stream.set_nodelay(true)?;
-                Ok((Box::new(stream), peer.to_string()))
+                Ok((super::batch::wrap(stream), peer.to_string()))
             }
             Socket::Unix(l, path) => {
                 let (stream, _) = l.accept().await?;
-                Ok((Box::new(stream), format!("unix:{}", path.display())))
+                Ok((
+                    super::batch::wrap(stream),
+                    format!("unix:{}", path.display()),
+                ))
             }
         }
     }

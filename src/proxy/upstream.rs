@@ -82,6 +82,7 @@ impl Connector {
                 let _ = s.set_nodelay(true);
                 match &self.tls {
                     Some((tls, name)) => {
+                        let s = super::batch::Batched::new(s);
                         Box::new(tls.connect(name.clone(), s).await.map_err(|source| {
                             ConnectError::Tls {
                                 upstream: upstream(),
@@ -89,7 +90,7 @@ impl Connector {
                             }
                         })?)
                     }
-                    None => Box::new(s),
+                    None => super::batch::wrap(s),
                 }
             }
             Endpoint::Unix(path) => {
@@ -102,6 +103,7 @@ impl Connector {
                         })?;
                 match &self.tls {
                     Some((tls, name)) => {
+                        let s = super::batch::Batched::new(s);
                         Box::new(tls.connect(name.clone(), s).await.map_err(|source| {
                             ConnectError::Tls {
                                 upstream: upstream(),
@@ -109,7 +111,7 @@ impl Connector {
                             }
                         })?)
                     }
-                    None => Box::new(s),
+                    None => super::batch::wrap(s),
                 }
             }
         };

@@ -224,7 +224,7 @@ mod tests {
                         .await
                         .unwrap();
                 at += n;
-                if k % 3 == 0 {
+                if k.is_multiple_of(3) {
                     w.flush().await.unwrap();
                 }
                 k += 1;

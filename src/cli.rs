@@ -129,7 +129,7 @@ pub struct Options {
     #[arg(long, value_name = "NAME", help_heading = "Upstream TLS")]
     pub upstream_sni: Option<String>,
     /// HTTP/2 stream window, both sides; also the most the tap buffers per stream and direction
-    /// [default: 4MiB].
+    /// [default: 1MiB].
     #[arg(long, value_name = "SIZE", help_heading = "HTTP/2")]
     pub stream_window: Option<String>,
     /// HTTP/2 connection window, both sides [default: 8MiB].

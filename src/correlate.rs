@@ -17,7 +17,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use crate::xds::{Api, ErrorDetail, Node, Request, ResourceRef, Response};
+use crate::xds::{Api, ErrorDetail, Node, Request, Resources, Response};
 
 /// Nanoseconds since the Unix epoch.
 pub type Timestamp = u64;
@@ -57,7 +57,7 @@ pub struct Push {
     /// When it went out.
     pub at: Timestamp,
     /// The resources (names and digests).
-    pub resources: Vec<ResourceRef>,
+    pub resources: Resources,
     /// Names removed (Delta).
     pub removed: Vec<String>,
     /// Message size, bytes.
@@ -337,13 +337,15 @@ impl Correlator {
                             for n in &push.removed {
                                 acc.remove(n);
                             }
-                            acc.extend(push.resources.iter().map(|r| (r.name.clone(), r.digest)));
+                            acc.extend(
+                                push.resources.iter().map(|r| (r.name.to_owned(), r.digest)),
+                            );
                         }
                         (Api::Delta, _) => {
                             state.accepted = Some(Accepted::Digests(
                                 push.resources
                                     .iter()
-                                    .map(|r| (r.name.clone(), r.digest))
+                                    .map(|r| (r.name.to_owned(), r.digest))
                                     .collect(),
                             ))
                         }
@@ -435,7 +437,11 @@ impl Correlator {
             version: resp.version_info,
             nonce: resp.nonce,
             at: now,
-            resources: resp.resources,
+            resources: {
+                let mut r = resp.resources;
+                r.shrink_to_fit();
+                r
+            },
             removed: resp.removed,
             bytes: resp.bytes,
             control_plane: resp.control_plane,
@@ -521,24 +527,20 @@ fn blame(
     message: &str,
 ) -> (Vec<String>, Vec<String>) {
     let old: Option<HashMap<&str, u64>> = accepted.map(|a| match a {
-        Accepted::Push(p) => p
-            .resources
-            .iter()
-            .map(|r| (r.name.as_str(), r.digest))
-            .collect(),
+        Accepted::Push(p) => p.resources.iter().map(|r| (r.name, r.digest)).collect(),
         Accepted::Digests(m) => m.iter().map(|(k, v)| (k.as_str(), *v)).collect(),
     });
     let mut changed: Vec<String> = push
         .resources
         .iter()
-        .filter(|r| old.as_ref().and_then(|o| o.get(r.name.as_str())) != Some(&r.digest))
-        .map(|r| r.name.clone())
+        .filter(|r| old.as_ref().and_then(|o| o.get(r.name)) != Some(&r.digest))
+        .map(|r| r.name.to_owned())
         .collect();
     match api {
         Api::Sotw => {
             if let Some(old) = &old {
                 let now: std::collections::HashSet<&str> =
-                    push.resources.iter().map(|r| r.name.as_str()).collect();
+                    push.resources.iter().map(|r| r.name).collect();
                 let mut removed: Vec<&str> =
                     old.keys().filter(|n| !now.contains(*n)).copied().collect();
                 removed.sort_unstable();
@@ -550,10 +552,10 @@ fn blame(
     let mut named: Vec<String> = push
         .resources
         .iter()
-        .map(|r| &r.name)
-        .chain(push.removed.iter())
+        .map(|r| r.name)
+        .chain(push.removed.iter().map(String::as_str))
         .filter(|n| mentions(message, n))
-        .cloned()
+        .map(String::from)
         .collect();
     named.dedup();
     let suspects = if named.is_empty() {

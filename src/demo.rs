@@ -608,7 +608,7 @@ impl Printer {
                     push.version,
                     push.resources.len(),
                     if push.resources.len() == 1 { "" } else { "s" },
-                    push.resources.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(","),
+                    push.resources.iter().map(|r| r.name).collect::<Vec<_>>().join(","),
                     push.nonce
                 ),
                 Event::Verdict { push, verdict, decided_at, client_version, .. } => {

@@ -98,6 +98,127 @@ pub struct ResourceRef {
     pub digest: u64,
 }
 
+/// A response's resources packed for keeping: names and versions back to back in strings, a
+/// 16-byte entry each, in chunks of [`CHUNK`] so that no allocation grows past about 40 KiB
+/// (a growing `Vec` briefly holds its old and new buffer, and large ones are never returned to
+/// the allocator in pieces). A 50,000-cluster push keeps about 1.5 MiB this way instead of
+/// about 5 MiB of separate strings, so holding the last accepted push for NACK blame is cheap.
+/// An empty per-resource version reads back as none.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Resources {
+    chunks: Vec<Chunk>,
+    len: usize,
+}
+
+/// Resources per chunk.
+const CHUNK: usize = 2048;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Chunk {
+    text: String,
+    entries: Vec<Entry>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Entry {
+    /// The name is `text[previous entry's version_end..name_end]`.
+    name_end: u32,
+    /// The version is `text[name_end..version_end]`.
+    version_end: u32,
+    digest: u64,
+}
+
+/// One resource as [`Resources`] hands it out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Resource<'a> {
+    /// The resource name.
+    pub name: &'a str,
+    /// Per-resource version, when the response carries one.
+    pub version: Option<&'a str>,
+    /// xxh3-64 of the resource's serialized bytes.
+    pub digest: u64,
+}
+
+impl Resources {
+    /// Appends one resource.
+    pub fn push(&mut self, r: ResourceRef) {
+        if self.len % CHUNK == 0 {
+            self.chunks.push(Chunk {
+                text: String::new(),
+                entries: Vec::with_capacity(CHUNK),
+            });
+        }
+        let chunk = self.chunks.last_mut().expect("pushed above");
+        // A chunk's text is at most CHUNK names and versions of one message (under 4 GiB).
+        chunk.text.push_str(&r.name);
+        let name_end = chunk.text.len() as u32;
+        chunk.text.push_str(r.version.as_deref().unwrap_or(""));
+        chunk.entries.push(Entry {
+            name_end,
+            version_end: chunk.text.len() as u32,
+            digest: r.digest,
+        });
+        self.len += 1;
+    }
+
+    /// How many resources.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// No resources.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The `i`th resource.
+    pub fn get(&self, i: usize) -> Option<Resource<'_>> {
+        let chunk = self.chunks.get(i / CHUNK)?;
+        let j = i % CHUNK;
+        let e = chunk.entries.get(j)?;
+        let start = match j {
+            0 => 0,
+            _ => chunk.entries[j - 1].version_end as usize,
+        };
+        let (name_end, version_end) = (e.name_end as usize, e.version_end as usize);
+        Some(Resource {
+            name: &chunk.text[start..name_end],
+            version: (version_end > name_end).then(|| &chunk.text[name_end..version_end]),
+            digest: e.digest,
+        })
+    }
+
+    /// The resources in order.
+    pub fn iter(&self) -> impl Iterator<Item = Resource<'_>> + '_ {
+        (0..self.len).filter_map(|i| self.get(i))
+    }
+
+    /// Gives back the growth slack of the last chunk once the message is complete.
+    pub fn shrink_to_fit(&mut self) {
+        if let Some(c) = self.chunks.last_mut() {
+            c.text.shrink_to_fit();
+            c.entries.shrink_to_fit();
+        }
+        self.chunks.shrink_to_fit();
+    }
+}
+
+impl FromIterator<ResourceRef> for Resources {
+    fn from_iter<I: IntoIterator<Item = ResourceRef>>(iter: I) -> Self {
+        let mut r = Resources::default();
+        for x in iter {
+            r.push(x);
+        }
+        r
+    }
+}
+
+impl serde::Serialize for Resources {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.iter())
+    }
+}
+
 /// A request from the client, either API.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Request {
@@ -129,7 +250,7 @@ pub struct Response {
     /// `nonce`.
     pub nonce: String,
     /// The resources, names and digests only.
-    pub resources: Vec<ResourceRef>,
+    pub resources: Resources,
     /// Delta `removed_resources` and `removed_resource_names`.
     pub removed: Vec<String>,
     /// `control_plane.identifier`.
@@ -251,5 +372,64 @@ mod tests {
             short_type("type.googleapis.com/envoy.config.cluster.v3.Cluster"),
             "CDS"
         );
+    }
+
+    #[test]
+    fn resources_keep_names_versions_and_digests_in_order() {
+        let input = vec![
+            ResourceRef {
+                name: "a".into(),
+                version: None,
+                digest: 1,
+            },
+            ResourceRef {
+                name: String::new(),
+                version: Some("v7".into()),
+                digest: 2,
+            },
+            ResourceRef {
+                name: "ü-cluster".into(),
+                version: Some("9".into()),
+                digest: 3,
+            },
+            ResourceRef {
+                name: "b".into(),
+                version: None,
+                digest: u64::MAX,
+            },
+        ];
+        let r: Resources = input.iter().cloned().collect();
+        assert_eq!(r.len(), 4);
+        let back: Vec<ResourceRef> = r
+            .iter()
+            .map(|x| ResourceRef {
+                name: x.name.into(),
+                version: x.version.map(String::from),
+                digest: x.digest,
+            })
+            .collect();
+        assert_eq!(back, input);
+        assert!(r.get(4).is_none());
+        assert_eq!(
+            serde_json::to_string(&r).unwrap(),
+            r#"[{"name":"a","version":null,"digest":1},{"name":"","version":"v7","digest":2},{"name":"ü-cluster","version":"9","digest":3},{"name":"b","version":null,"digest":18446744073709551615}]"#
+        );
+        assert!(Resources::default().is_empty());
+
+        // Across chunk boundaries; an empty version reads back as none.
+        let many: Resources = (0..5000u64)
+            .map(|i| ResourceRef {
+                name: format!("c{i}"),
+                version: (i % 3 == 0).then(|| i.to_string()).or(Some(String::new())),
+                digest: i,
+            })
+            .collect();
+        assert_eq!(many.len(), 5000);
+        for (i, r) in many.iter().enumerate() {
+            assert_eq!(r.name, format!("c{i}"));
+            assert_eq!(r.version, (i % 3 == 0).then(|| i.to_string()).as_deref());
+            assert_eq!(r.digest, i as u64);
+        }
+        assert_eq!(many.iter().count(), 5000);
     }
 }

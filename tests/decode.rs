@@ -47,14 +47,17 @@ fn sotw_response_at_every_split() {
     assert_eq!(r.version_info, "2026-11-29T12:00:00Z/42");
     assert_eq!(r.nonce, "nonce-7f3a");
     assert_eq!(r.type_url, CDS);
-    let names: Vec<&str> = r.resources.iter().map(|r| r.name.as_str()).collect();
+    let names: Vec<&str> = r.resources.iter().map(|r| r.name).collect();
     assert_eq!(
         names,
         ["outbound|80||reviews.default.svc.cluster.local", "b"]
     );
     // The digest is of the resource's own bytes.
     let value = &sotw_response().resources[1].value;
-    assert_eq!(r.resources[1].digest, xxhash_rust::xxh3::xxh3_64(value));
+    assert_eq!(
+        r.resources.get(1).unwrap().digest,
+        xxhash_rust::xxh3::xxh3_64(value)
+    );
     for cut in 0..=bytes.len() {
         assert_eq!(
             scan_split(Kind::Response(Api::Sotw), &bytes, cut),
@@ -145,10 +148,10 @@ fn resource_wrappers_in_sotw_and_delta() {
         panic!()
     };
     assert_eq!(r.resources.len(), 1);
-    assert_eq!(r.resources[0].name, "wrapped");
-    assert_eq!(r.resources[0].version.as_deref(), Some("r7"));
+    assert_eq!(r.resources.get(0).unwrap().name, "wrapped");
+    assert_eq!(r.resources.get(0).unwrap().version, Some("r7"));
     assert_eq!(
-        r.resources[0].digest,
+        r.resources.get(0).unwrap().digest,
         xxhash_rust::xxh3::xxh3_64(&any.value)
     );
 
@@ -168,7 +171,7 @@ fn resource_wrappers_in_sotw_and_delta() {
         (r.version_info.as_str(), r.nonce.as_str()),
         ("2026-11-29/3", "d1")
     );
-    assert_eq!(r.resources[0].name, "wrapped");
+    assert_eq!(r.resources.get(0).unwrap().name, "wrapped");
     assert_eq!(r.removed, ["gone"]);
 
     let dreq = DeltaDiscoveryRequest {

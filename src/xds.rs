@@ -142,7 +142,7 @@ pub struct Resource<'a> {
 impl Resources {
     /// Appends one resource.
     pub fn push(&mut self, r: ResourceRef) {
-        if self.len % CHUNK == 0 {
+        if self.len.is_multiple_of(CHUNK) {
             self.chunks.push(Chunk {
                 text: String::new(),
                 entries: Vec::with_capacity(CHUNK),

@@ -386,16 +386,21 @@ fn start(name: &'static str, upstream: &str, otlp: &str) -> Proxy {
                 .spawn()
                 .expect("envoy (scripts/install-envoy)")
         }
-        "xdstap" => {
+        "xdstap" | "before" => {
+            // "before": another build of xdstap (SIDEBYSIDE_BEFORE=PATH), same flags.
+            let bin = match name {
+                "before" => PathBuf::from(std::env::var("SIDEBYSIDE_BEFORE").unwrap()),
+                _ => PathBuf::from(env!("CARGO_BIN_EXE_xdstap")),
+            };
             // SIDEBYSIDE_PERF=FILE runs the tap under `perf record -g` writing FILE.
             let mut c = match std::env::var("SIDEBYSIDE_PERF") {
-                Ok(out) => {
+                Ok(out) if name == "xdstap" => {
                     let mut c = Command::new("perf");
                     c.args(["record", "-F", "999", "-g", "-o", &out, "--"])
-                        .arg(env!("CARGO_BIN_EXE_xdstap"));
+                        .arg(&bin);
                     c
                 }
-                Err(_) => Command::new(env!("CARGO_BIN_EXE_xdstap")),
+                _ => Command::new(&bin),
             };
             if let Ok(n) = std::env::var("SIDEBYSIDE_TAP_THREADS") {
                 c.env("TOKIO_WORKER_THREADS", n);
@@ -641,11 +646,17 @@ async fn run(full: bool) {
             }
         });
     }
-    let all: &[&'static str] = if full {
-        &["direct", "socat", "envoy-l7", "xdstap"]
+    // SIDEBYSIDE_BEFORE=PATH adds a column for another xdstap build (before/after).
+    let before = std::env::var_os("SIDEBYSIDE_BEFORE").is_some();
+    let all: Vec<&'static str> = if full {
+        vec!["direct", "socat", "envoy-l7", "before", "xdstap"]
     } else {
-        &["direct", "xdstap"]
+        vec!["direct", "before", "xdstap"]
     };
+    let all: Vec<&'static str> = all
+        .into_iter()
+        .filter(|n| *n != "before" || before)
+        .collect();
     // SIDEBYSIDE_ONLY=xdstap,direct and SIDEBYSIDE_WORKLOADS=1,2 narrow a run (for profiling).
     let only = std::env::var("SIDEBYSIDE_ONLY").unwrap_or_default();
     let names: Vec<&'static str> = all
@@ -744,7 +755,7 @@ async fn run(full: bool) {
         }
         drop(p);
 
-        if full && on("3") && (*name == "xdstap" || *name == "envoy-l7") {
+        if full && on("3") && matches!(*name, "xdstap" | "before" | "envoy-l7") {
             for n in [10_000, 30_000] {
                 let p = start(name, &upstream, &receiver.endpoint);
                 if let Some(per) = idle_streams(&p, n).await {
@@ -773,7 +784,8 @@ async fn run(full: bool) {
         let _ = std::fs::remove_dir_all(dir);
     }
 
-    // The table, with ratios to direct (throughput) where both exist.
+    // The table, with ratios where both figures exist: to direct for throughput and latency,
+    // and for xdstap also to Envoy L7 (throughput and CPU per GiB).
     println!("\n| workload | {} |", names.join(" | "));
     println!("|---|{}", "---|".repeat(names.len()));
     for r in &rows {
@@ -785,20 +797,31 @@ async fn run(full: bool) {
                     .iter()
                     .find(|(name, _)| name == n)
                     .map(|(_, f)| f.clone());
-                let direct = r
-                    .figures
-                    .iter()
-                    .find(|(name, _)| name == "direct")
-                    .and_then(|(_, f)| f.parse::<f64>().ok());
-                match (v, direct) {
-                    (Some(v), Some(d))
-                        if *n != "direct" && d > 0.0 && r.workload.contains("/s") =>
-                    {
-                        let x: f64 = v.parse().unwrap_or(0.0);
-                        format!("{v} ({:.2}x)", x / d)
-                    }
-                    (Some(v), _) => v,
-                    (None, _) => "-".into(),
+                let of = |who: &str| {
+                    r.figures
+                        .iter()
+                        .find(|(name, _)| name == who)
+                        .and_then(|(_, f)| f.parse::<f64>().ok())
+                        .filter(|x| *x > 0.0)
+                };
+                let Some(v) = v else {
+                    return "-".to_string();
+                };
+                let x: f64 = v.parse().unwrap_or(0.0);
+                let rate = r.workload.contains("/s");
+                let latency = r.workload.contains("p50") || r.workload.contains("p99");
+                let cpu = r.workload.contains("CPU");
+                let mut ratios = Vec::new();
+                if let Some(d) = of("direct").filter(|_| *n != "direct" && (rate || latency)) {
+                    ratios.push(format!("{:.2}x", x / d));
+                }
+                let tap = matches!(*n, "xdstap" | "before");
+                if let Some(e) = of("envoy-l7").filter(|_| tap && (rate || cpu)) {
+                    ratios.push(format!("{:.2}x Envoy", x / e));
+                }
+                match ratios.is_empty() {
+                    true => v,
+                    false => format!("{v} ({})", ratios.join(", ")),
                 }
             })
             .collect();

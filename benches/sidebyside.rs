@@ -403,7 +403,10 @@ fn start(name: &'static str, upstream: &str, otlp: &str) -> Proxy {
                 _ => Command::new(&bin),
             };
             if let Ok(n) = std::env::var("SIDEBYSIDE_TAP_THREADS") {
-                c.env("TOKIO_WORKER_THREADS", n);
+                match name {
+                    "before" => c.env("TOKIO_WORKER_THREADS", n),
+                    _ => c.args(["--threads", &n]),
+                };
             }
             c.args(["run", "--listen", &format!("127.0.0.1:{port}")])
                 .args([

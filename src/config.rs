@@ -68,6 +68,8 @@ pub struct FileConfig {
     pub shutdown_grace: Option<String>,
     /// Upstream connect timeout, e.g. `10s`.
     pub connect_timeout: Option<String>,
+    /// Worker threads.
+    pub threads: Option<serde_norway::Value>,
     /// Logging.
     pub log: Option<FileLog>,
     /// Largest xDS message decoded, e.g. `256MiB`; larger ones are forwarded and counted.
@@ -198,6 +200,7 @@ pub struct Overrides {
     pub max_frame_size: Option<String>,
     pub shutdown_grace: Option<String>,
     pub connect_timeout: Option<String>,
+    pub threads: Option<String>,
     pub log_format: Option<String>,
     pub log_level: Option<String>,
     pub decode_limit: Option<String>,
@@ -231,6 +234,8 @@ pub struct Config {
     pub log_level: String,
     /// Largest message decoded.
     pub decode_limit: u64,
+    /// Runtime worker threads.
+    pub threads: usize,
     /// JSON-lines verdict log, if any.
     pub event_log: Option<PathBuf>,
     /// Span export, when an endpoint is configured (here or by OTEL_EXPORTER_OTLP_*).
@@ -507,6 +512,20 @@ impl Config {
             ));
         }
 
+        let threads = match flags.threads.or(file.threads.as_ref().map(yaml_scalar)) {
+            None => 1,
+            Some(v) => match v.trim().parse::<usize>() {
+                Ok(n) if (1..=256).contains(&n) => n,
+                _ => {
+                    return Err(invalid(
+                        "threads",
+                        "--threads",
+                        &v,
+                        "expected a whole number from 1 to 256",
+                    ))
+                }
+            },
+        };
         let decode_limit = match flags
             .decode_limit
             .or(file.decode_limit.as_ref().map(yaml_scalar))
@@ -583,6 +602,7 @@ impl Config {
             log_format,
             log_level,
             decode_limit,
+            threads,
             event_log: flags.event_log.or(file.event_log),
             spans,
             admin,
@@ -704,6 +724,27 @@ mod tests {
         assert_eq!(c.upstream, Endpoint::Unix("/tmp/cp.sock".into()));
         assert_eq!(c.proxy.stream_window, 1 << 20);
         assert_eq!(c.proxy.shutdown_grace, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn threads_default_to_one_and_are_checked() {
+        let c = Config::resolve(FileConfig::default(), flags("127.0.0.1:9", "127.0.0.1:10"));
+        assert_eq!(c.unwrap().threads, 1);
+        let file: FileConfig =
+            serde_norway::from_str("listen: 127.0.0.1:1\nupstream: 127.0.0.1:2\nthreads: 4\n")
+                .unwrap();
+        assert_eq!(
+            Config::resolve(file, Overrides::default()).unwrap().threads,
+            4
+        );
+        for bad in ["0", "two", "100000"] {
+            let mut f = flags("127.0.0.1:9", "127.0.0.1:10");
+            f.threads = Some(bad.into());
+            let e = Config::resolve(FileConfig::default(), f)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("threads (--threads)") && e.contains(bad), "{e}");
+        }
     }
 
     #[test]

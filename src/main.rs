@@ -154,6 +154,7 @@ fn main() -> ExitCode {
             };
             init_logging(config.log_format, &config.log_level);
             let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(config.threads)
                 .enable_all()
                 .build();
             let runtime = match runtime {

@@ -3,9 +3,9 @@
 //! The h2 crate reads about one frame per `recv`, and less: its read buffer is sized to the frame
 //! it is decoding, so forwarding 16 KiB frames cost about two `recv` calls per frame, and the
 //! kernel's per-call work dominated the tap's CPU (README, performance). [`Batched`] sits between
-//! the codec (or TLS) and the socket: when the codec asks for less than [`READ_CHUNK`], one
-//! `recv` of up to [`READ_CHUNK`] fills a buffer that serves the next reads. The buffer is
-//! allocated when needed and freed once drained, so an idle connection holds none.
+//! the codec (or TLS) and the socket: while data keeps arriving, one `recv` of up to
+//! [`READ_CHUNK`] fills a buffer that serves the codec's next reads. The buffer is allocated at
+//! the start of a burst and freed at its end, so an idle connection holds none.
 //!
 //! Writes pass straight through. Gathering them as well (put off each flush to the next poll so
 //! that several frames go out in one `write`) measured no better within this machine's noise
@@ -22,11 +22,17 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 pub const READ_CHUNK: usize = 64 * 1024;
 
 /// A byte stream whose small reads are served from one larger `recv`.
+///
+/// Cold, it reads straight into the caller's buffer. A read that fills the caller's buffer says
+/// more is waiting: it turns hot and the next reads go through a [`READ_CHUNK`] buffer, kept
+/// (not re-zeroed) while reads find data. The first read that finds nothing frees it and turns
+/// cold again, so neither an idle connection nor an empty poll pays for a 64 KiB buffer.
 pub struct Batched<T> {
     io: T,
-    /// Read but not yet handed out: `rbuf[rpos..]`.
+    /// Empty when cold; `READ_CHUNK` long when hot, holding `rbuf[rpos..rlen]` not yet handed out.
     rbuf: Vec<u8>,
     rpos: usize,
+    rlen: usize,
 }
 
 impl<T> Batched<T> {
@@ -36,6 +42,7 @@ impl<T> Batched<T> {
             io,
             rbuf: Vec::new(),
             rpos: 0,
+            rlen: 0,
         }
     }
 }
@@ -47,28 +54,37 @@ impl<T: AsyncRead + Unpin> AsyncRead for Batched<T> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if this.rpos == this.rbuf.len() {
-            if buf.remaining() >= READ_CHUNK {
-                return Pin::new(&mut this.io).poll_read(cx, buf);
+        if this.rpos == this.rlen {
+            let room = buf.remaining();
+            if this.rbuf.is_empty() || room >= READ_CHUNK {
+                let before = buf.filled().len();
+                std::task::ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
+                let full = room > 0 && buf.filled().len() - before == room;
+                if full && room < READ_CHUNK && this.rbuf.is_empty() {
+                    this.rbuf = vec![0; READ_CHUNK];
+                }
+                return Poll::Ready(Ok(()));
             }
-            this.rbuf.resize(READ_CHUNK, 0);
             let mut fill = ReadBuf::new(&mut this.rbuf);
-            let polled = Pin::new(&mut this.io).poll_read(cx, &mut fill);
-            let n = fill.filled().len();
-            this.rbuf.truncate(n);
-            this.rpos = 0;
-            if n == 0 {
-                this.rbuf = Vec::new();
+            match Pin::new(&mut this.io).poll_read(cx, &mut fill) {
+                Poll::Pending => {
+                    this.rbuf = Vec::new();
+                    return Poll::Pending;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Ready(Ok(())) => {
+                    this.rlen = fill.filled().len();
+                    this.rpos = 0;
+                    if this.rlen == 0 {
+                        this.rbuf = Vec::new();
+                        return Poll::Ready(Ok(()));
+                    }
+                }
             }
-            std::task::ready!(polled)?;
         }
-        let n = buf.remaining().min(this.rbuf.len() - this.rpos);
+        let n = buf.remaining().min(this.rlen - this.rpos);
         buf.put_slice(&this.rbuf[this.rpos..this.rpos + n]);
         this.rpos += n;
-        if this.rpos == this.rbuf.len() {
-            this.rbuf = Vec::new();
-            this.rpos = 0;
-        }
         Poll::Ready(Ok(()))
     }
 }

@@ -99,11 +99,11 @@ pub struct ResourceRef {
 }
 
 /// A response's resources packed for keeping: names and versions back to back in strings, a
-/// 16-byte entry each, in chunks of [`CHUNK`] so that no allocation grows past about 40 KiB
-/// (a growing `Vec` briefly holds its old and new buffer, and large ones are never returned to
-/// the allocator in pieces). A 50,000-cluster push keeps about 1.5 MiB this way instead of
-/// about 5 MiB of separate strings, so holding the last accepted push for NACK blame is cheap.
-/// An empty per-resource version reads back as none.
+/// 16-byte entry each, in chunks of [`CHUNK`] so that nothing grows past one chunk's entries
+/// (32 KiB) and names (a growing `Vec` briefly holds its old and new buffer). By arithmetic, 16
+/// bytes plus the name per resource, against 56 bytes plus a separately allocated `String`
+/// before: about 1.4 MiB instead of 4.2 MiB for 50,000 `cluster-N` names. An empty
+/// per-resource version reads back as none.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Resources {
     chunks: Vec<Chunk>,
@@ -143,10 +143,7 @@ impl Resources {
     /// Appends one resource.
     pub fn push(&mut self, r: ResourceRef) {
         if self.len.is_multiple_of(CHUNK) {
-            self.chunks.push(Chunk {
-                text: String::new(),
-                entries: Vec::with_capacity(CHUNK),
-            });
+            self.chunks.push(Chunk::default());
         }
         let chunk = self.chunks.last_mut().expect("pushed above");
         // A chunk's text is at most CHUNK names and versions of one message (under 4 GiB).

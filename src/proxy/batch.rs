@@ -58,7 +58,10 @@ impl<T: AsyncRead + Unpin> AsyncRead for Batched<T> {
             let room = buf.remaining();
             if this.rbuf.is_empty() || room >= READ_CHUNK {
                 let before = buf.filled().len();
-                std::task::ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
+                if Pin::new(&mut this.io).poll_read(cx, buf)?.is_pending() {
+                    this.rbuf = Vec::new();
+                    return Poll::Pending;
+                }
                 let full = room > 0 && buf.filled().len() - before == room;
                 if full && room < READ_CHUNK && this.rbuf.is_empty() {
                     this.rbuf = vec![0; READ_CHUNK];

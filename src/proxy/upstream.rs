@@ -82,7 +82,7 @@ impl Connector {
                 let _ = s.set_nodelay(true);
                 match &self.tls {
                     Some((tls, name)) => {
-                        let s = super::batch::Batched::new(s);
+                        let s = super::batch::wrap(s);
                         Box::new(tls.connect(name.clone(), s).await.map_err(|source| {
                             ConnectError::Tls {
                                 upstream: upstream(),
@@ -103,7 +103,7 @@ impl Connector {
                         })?;
                 match &self.tls {
                     Some((tls, name)) => {
-                        let s = super::batch::Batched::new(s);
+                        let s = super::batch::wrap(s);
                         Box::new(tls.connect(name.clone(), s).await.map_err(|source| {
                             ConnectError::Tls {
                                 upstream: upstream(),

@@ -14,6 +14,7 @@
 //! Delta answers every nonce on its own, so several pushes may be pending and none supersedes
 //! another.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
@@ -338,14 +339,16 @@ impl Correlator {
                                 acc.remove(n);
                             }
                             acc.extend(
-                                push.resources.iter().map(|r| (r.name.to_owned(), r.digest)),
+                                push.resources
+                                    .iter()
+                                    .map(|r| (r.name.into_owned(), r.digest)),
                             );
                         }
                         (Api::Delta, _) => {
                             state.accepted = Some(Accepted::Digests(
                                 push.resources
                                     .iter()
-                                    .map(|r| (r.name.to_owned(), r.digest))
+                                    .map(|r| (r.name.into_owned(), r.digest))
                                     .collect(),
                             ))
                         }
@@ -526,23 +529,26 @@ fn blame(
     accepted: Option<&Accepted>,
     message: &str,
 ) -> (Vec<String>, Vec<String>) {
-    let old: Option<HashMap<&str, u64>> = accepted.map(|a| match a {
+    let old: Option<HashMap<Cow<str>, u64>> = accepted.map(|a| match a {
         Accepted::Push(p) => p.resources.iter().map(|r| (r.name, r.digest)).collect(),
-        Accepted::Digests(m) => m.iter().map(|(k, v)| (k.as_str(), *v)).collect(),
+        Accepted::Digests(m) => m.iter().map(|(k, v)| (Cow::from(k), *v)).collect(),
     });
     let mut changed: Vec<String> = push
         .resources
         .iter()
-        .filter(|r| old.as_ref().and_then(|o| o.get(r.name)) != Some(&r.digest))
-        .map(|r| r.name.to_owned())
+        .filter(|r| old.as_ref().and_then(|o| o.get(&r.name)) != Some(&r.digest))
+        .map(|r| r.name.into_owned())
         .collect();
     match api {
         Api::Sotw => {
             if let Some(old) = &old {
-                let now: std::collections::HashSet<&str> =
+                let now: std::collections::HashSet<Cow<str>> =
                     push.resources.iter().map(|r| r.name).collect();
-                let mut removed: Vec<&str> =
-                    old.keys().filter(|n| !now.contains(*n)).copied().collect();
+                let mut removed: Vec<&str> = old
+                    .keys()
+                    .filter(|n| !now.contains(*n))
+                    .map(|n| &**n)
+                    .collect();
                 removed.sort_unstable();
                 changed.extend(removed.into_iter().map(String::from));
             }
@@ -553,9 +559,9 @@ fn blame(
         .resources
         .iter()
         .map(|r| r.name)
-        .chain(push.removed.iter().map(String::as_str))
+        .chain(push.removed.iter().map(Cow::from))
         .filter(|n| mentions(message, n))
-        .map(String::from)
+        .map(Cow::into_owned)
         .collect();
     named.dedup();
     let suspects = if named.is_empty() {

@@ -47,7 +47,7 @@ fn sotw_response_at_every_split() {
     assert_eq!(r.version_info, "2026-11-29T12:00:00Z/42");
     assert_eq!(r.nonce, "nonce-7f3a");
     assert_eq!(r.type_url, CDS);
-    let names: Vec<&str> = r.resources.iter().map(|r| r.name).collect();
+    let names: Vec<String> = r.resources.iter().map(|r| r.name.into_owned()).collect();
     assert_eq!(
         names,
         ["outbound|80||reviews.default.svc.cluster.local", "b"]

@@ -110,7 +110,7 @@ impl VerdictRecord {
                 .resources
                 .iter()
                 .take(NAMES_CAP)
-                .map(|r| r.name.to_owned())
+                .map(|r| r.name.into_owned())
                 .collect(),
             removed: push.removed.iter().take(NAMES_CAP).cloned().collect(),
             bytes: push.bytes,

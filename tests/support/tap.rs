@@ -149,7 +149,7 @@ impl XdsTap {
                     version: push.version.clone(),
                     verdict,
                     client_version,
-                    names: push.resources.iter().map(|r| r.name.to_owned()).collect(),
+                    names: push.resources.iter().map(|r| r.name.into_owned()).collect(),
                 }),
                 _ => None,
             })

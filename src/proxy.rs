@@ -241,12 +241,12 @@ impl Proxy {
             tokio::select! {
                 _ = &mut shutdown => break,
                 accepted = self.listener.accept() => match accepted {
-                    Ok((io, peer)) => {
+                    Ok((io, gate, peer)) => {
                         next_conn += 1;
                         let shared = self.shared.clone();
                         let stop = stop_rx.clone();
                         let tls = self.listener.tls();
-                        connections.spawn(connection::serve(io, tls, peer, next_conn, shared, stop));
+                        connections.spawn(connection::serve(io, gate, tls, peer, next_conn, shared, stop));
                     }
                     Err(e) => {
                         // EMFILE and friends: back off briefly instead of spinning.

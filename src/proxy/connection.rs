@@ -1,6 +1,7 @@
 //! One downstream connection: TLS and HTTP/2 handshakes, then a task per accepted stream, all
 //! sharing one lazily dialed upstream connection.
 
+use std::future::poll_fn;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -8,12 +9,14 @@ use bytes::Bytes;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
+use super::batch::Gate;
 use super::listen::Io;
 use super::upstream::UpstreamConn;
 use super::{stream, ProxyStats, Shared};
 
 pub(super) async fn serve(
     io: Io,
+    gate: Gate,
     tls: Option<TlsAcceptor>,
     peer: String,
     conn_id: u64,
@@ -72,7 +75,7 @@ pub(super) async fn serve(
                     conn.graceful_shutdown();
                 }
             }
-            next = conn.accept() => match next {
+            next = poll_fn(|cx| gate.poll(cx, |cx| conn.poll_accept(cx))) => match next {
                 Some(Ok((request, respond))) => {
                     streams += 1;
                     let id = shared.next_stream.fetch_add(1, Ordering::Relaxed);

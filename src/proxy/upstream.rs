@@ -2,6 +2,8 @@
 //! HTTP/2 connection per downstream connection, redialed lazily when it fails, so a client
 //! connection maps to exactly one upstream connection as if the tap were not there.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -11,6 +13,7 @@ use tokio::sync::Mutex;
 use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_rustls::TlsConnector;
 
+use super::batch::Gate;
 use super::listen::{Endpoint, Io};
 use super::{ProxyStats, Settings};
 
@@ -69,9 +72,9 @@ impl Connector {
     }
 
     /// Opens a byte stream to the upstream (TCP or Unix, then TLS if configured).
-    pub async fn dial(&self) -> Result<Io, ConnectError> {
+    pub async fn dial(&self) -> Result<(Io, Gate), ConnectError> {
         let upstream = || self.endpoint.to_string();
-        let io: Io = match &self.endpoint {
+        let (io, gate) = match &self.endpoint {
             Endpoint::Tcp(addr) => {
                 let s = TcpStream::connect(addr.as_str()).await.map_err(|source| {
                     ConnectError::Connect {
@@ -80,18 +83,7 @@ impl Connector {
                     }
                 })?;
                 let _ = s.set_nodelay(true);
-                match &self.tls {
-                    Some((tls, name)) => {
-                        let s = super::batch::wrap(s);
-                        Box::new(tls.connect(name.clone(), s).await.map_err(|source| {
-                            ConnectError::Tls {
-                                upstream: upstream(),
-                                source,
-                            }
-                        })?)
-                    }
-                    None => super::batch::wrap(s),
-                }
+                self.tls_over(s).await?
             }
             Endpoint::Unix(path) => {
                 let s =
@@ -101,25 +93,35 @@ impl Connector {
                             upstream: upstream(),
                             source,
                         })?;
-                match &self.tls {
-                    Some((tls, name)) => {
-                        let s = super::batch::wrap(s);
-                        Box::new(tls.connect(name.clone(), s).await.map_err(|source| {
-                            ConnectError::Tls {
-                                upstream: upstream(),
-                                source,
-                            }
-                        })?)
-                    }
-                    None => super::batch::wrap(s),
-                }
+                self.tls_over(s).await?
             }
         };
-        Ok(io)
+        Ok((io, gate))
+    }
+
+    /// Wraps a dialed socket for reading and writing in batches, then TLS if configured.
+    async fn tls_over<T>(&self, s: T) -> Result<(Io, Gate), ConnectError>
+    where
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let (s, gate) = super::batch::wrap(s);
+        match &self.tls {
+            Some((tls, name)) => {
+                let s = tls
+                    .connect(name.clone(), s)
+                    .await
+                    .map_err(|source| ConnectError::Tls {
+                        upstream: self.endpoint.to_string(),
+                        source,
+                    })?;
+                Ok((Box::new(s), gate))
+            }
+            None => Ok((s, gate)),
+        }
     }
 
     async fn connect_h2(&self, settings: &Settings) -> Result<SendRequest<Bytes>, ConnectError> {
-        let io = self.dial().await?;
+        let (io, gate) = self.dial().await?;
         let (send, conn) = h2::client::Builder::new()
             .initial_window_size(settings.stream_window)
             .initial_connection_window_size(settings.connection_window)
@@ -132,8 +134,11 @@ impl Connector {
                 source,
             })?;
         let upstream = self.endpoint.to_string();
+        let mut conn = conn;
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            let driven =
+                std::future::poll_fn(|cx| gate.poll(cx, |cx| Pin::new(&mut conn).poll(cx)));
+            if let Err(e) = driven.await {
                 tracing::debug!(%upstream, error = %e, "Upstream connection ended with an error");
             }
         });

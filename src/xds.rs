@@ -175,30 +175,38 @@ fn shared(prev: &[u8], name: &[u8]) -> (usize, usize) {
 impl Resources {
     /// Appends one resource.
     pub fn push(&mut self, r: ResourceRef) {
+        self.push_parts(&r.name, r.version.as_deref(), r.digest);
+    }
+
+    /// Appends one resource given by its parts.
+    pub fn push_parts(&mut self, name: &str, version: Option<&str>, digest: u64) {
         let j = self.len % CHUNK;
         if j == 0 {
             self.chunks.push(Chunk::default());
         }
         let chunk = self.chunks.last_mut().expect("pushed above");
-        let name = r.name.as_bytes();
+        let bytes = name.as_bytes();
         if j.is_multiple_of(RESTART) {
-            chunk.text.extend_from_slice(name);
+            chunk.text.extend_from_slice(bytes);
         } else {
-            let (head, tail) = shared(self.last.as_bytes(), name);
+            let (head, tail) = shared(self.last.as_bytes(), bytes);
             chunk.text.extend_from_slice(&[head as u8, tail as u8]);
-            chunk.text.extend_from_slice(&name[head..name.len() - tail]);
+            chunk
+                .text
+                .extend_from_slice(&bytes[head..bytes.len() - tail]);
         }
         // A chunk's text is at most CHUNK names and versions of one message (under 4 GiB).
         let name_end = chunk.text.len() as u32;
         chunk
             .text
-            .extend_from_slice(r.version.as_deref().unwrap_or("").as_bytes());
+            .extend_from_slice(version.unwrap_or("").as_bytes());
         chunk.entries.push(Entry {
             name_end,
             version_end: chunk.text.len() as u32,
-            digest: r.digest,
+            digest,
         });
-        self.last = r.name;
+        self.last.clear();
+        self.last.push_str(name);
         self.len += 1;
     }
 

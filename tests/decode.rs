@@ -65,6 +65,14 @@ fn sotw_response_at_every_split() {
             "cut at {cut}"
         );
     }
+    // Pieces of every size from one byte up: digests streamed over many pieces agree too.
+    for size in 1..64 {
+        let mut s = Scanner::new(Kind::Response(Api::Sotw), Some(bytes.len() as u64));
+        for piece in bytes.chunks(size) {
+            s.feed(piece);
+        }
+        assert_eq!(s.finish().unwrap(), whole, "pieces of {size}");
+    }
 }
 
 #[test]

@@ -13,7 +13,7 @@
 //! Node 1 id, 2 cluster, 6 user_agent_name, 7 user_agent_version, 8 user_agent_build_version
 //! (BuildVersion 1 version: SemanticVersion 1 major, 2 minor, 3 patch); Status 1 code, 2 message.
 
-use xxhash_rust::xxh3::Xxh3;
+use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 use super::{Api, ErrorDetail, Message, Node, Request, ResourceRef, Response};
 
@@ -23,6 +23,15 @@ pub const RESOURCE_WRAPPER: &str = "type.googleapis.com/envoy.service.discovery.
 const MAX_STRING: usize = 4096;
 const MAX_ERROR_MESSAGE: usize = 64 * 1024;
 const MAX_DEPTH: usize = 8;
+
+/// Sets `out` to `bytes` as text. Strings are UTF-8 in practice: validated fast, lossy otherwise.
+fn text_into(bytes: &[u8], out: &mut String) {
+    out.clear();
+    match std::str::from_utf8(bytes) {
+        Ok(s) => out.push_str(s),
+        Err(_) => out.push_str(&String::from_utf8_lossy(bytes)),
+    }
+}
 
 /// Why a message could not be decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -120,6 +129,16 @@ enum State {
 
 const FRESH: State = State::Tag { value: 0, shift: 0 };
 
+/// The digest of a resource's bytes: taken in one go when they all arrive in one slice (the
+/// usual case: a DATA frame holds many resources), streamed when they span slices.
+#[derive(Clone, Copy, Debug)]
+enum BodyHash {
+    /// Nothing of the body seen yet.
+    Off,
+    Whole(u64),
+    Streaming,
+}
+
 struct Frame {
     msg: Msg,
     end: u64,
@@ -139,8 +158,15 @@ pub struct Scanner {
     node: Option<Node>,
     status: Option<ErrorDetail>,
     current: Option<ResourceRef>,
+    /// The last resource's name buffer, for the next one.
+    spare_name: String,
     any_type: String,
-    hasher: Option<Xxh3>,
+    /// How the current resource's bytes are being digested.
+    body: BodyHash,
+    /// Kept across resources and reset, not rebuilt: it is 600 bytes to move.
+    hasher: Xxh3,
+    /// Bytes before this position are digested already.
+    hashed_to: u64,
     map_key: String,
     map_value: String,
     semver: [u64; 3],
@@ -173,8 +199,11 @@ impl Scanner {
             node: None,
             status: None,
             current: None,
+            spare_name: String::new(),
             any_type: String::new(),
-            hasher: None,
+            body: BodyHash::Off,
+            hasher: Xxh3::new(),
+            hashed_to: 0,
             map_key: String::new(),
             map_value: String::new(),
             semver: [0; 3],
@@ -207,9 +236,25 @@ impl Scanner {
             if top.end == self.pos {
                 return Err(ScanError::Length);
             }
-            let hashing = top.msg == Msg::Body;
             let frame_left = top.end - self.pos;
-            let start = i;
+            if top.msg == Msg::Body && self.pos >= self.hashed_to {
+                // Digest all of the body this slice holds now; parsing it goes on below.
+                let n = frame_left.min((data.len() - i) as u64) as usize;
+                let bytes = &data[i..i + n];
+                match self.body {
+                    BodyHash::Off if n as u64 == frame_left => {
+                        self.body = BodyHash::Whole(xxh3_64(bytes))
+                    }
+                    BodyHash::Off => {
+                        self.hasher.reset();
+                        self.hasher.update(bytes);
+                        self.body = BodyHash::Streaming;
+                    }
+                    BodyHash::Streaming => self.hasher.update(bytes),
+                    BodyHash::Whole(_) => {}
+                }
+                self.hashed_to = self.pos + n as u64;
+            }
             match &mut self.state {
                 State::Tag { value, shift }
                 | State::Varint { value, shift, .. }
@@ -237,13 +282,7 @@ impl Scanner {
                     if *left == 0 {
                         let slot = *slot;
                         self.state = FRESH;
-                        // Names are UTF-8 in practice: validate fast, fall back to lossy.
-                        let text = match std::str::from_utf8(&self.buf) {
-                            Ok(s) => s.to_owned(),
-                            Err(_) => String::from_utf8_lossy(&self.buf).into_owned(),
-                        };
-                        self.buf.clear();
-                        self.captured(slot, text);
+                        self.capture_done(slot);
                     }
                 }
                 State::Skip { left } => {
@@ -254,11 +293,6 @@ impl Scanner {
                     if *left == 0 {
                         self.state = FRESH;
                     }
-                }
-            }
-            if hashing {
-                if let Some(h) = &mut self.hasher {
-                    h.update(&data[start..i]);
                 }
             }
         }
@@ -371,15 +405,25 @@ impl Scanner {
         }
     }
 
+    /// An empty resource whose name reuses the last one's buffer.
+    fn fresh_resource(&mut self) -> ResourceRef {
+        let mut name = std::mem::take(&mut self.spare_name);
+        name.clear();
+        ResourceRef {
+            name,
+            ..ResourceRef::default()
+        }
+    }
+
     fn begin(&mut self, msg: Msg) {
         match msg {
             Msg::Any => {
                 self.any_type.clear();
-                self.current = Some(ResourceRef::default());
+                self.current = Some(self.fresh_resource());
             }
-            Msg::Wrapper if self.current.is_none() => self.current = Some(ResourceRef::default()),
+            Msg::Wrapper if self.current.is_none() => self.current = Some(self.fresh_resource()),
             Msg::InnerAny => self.any_type.clear(),
-            Msg::Body => self.hasher = Some(Xxh3::new()),
+            Msg::Body => self.body = BodyHash::Off,
             Msg::Node => self.node = Some(Node::default()),
             Msg::SemVer => self.semver = [0; 3],
             Msg::Status => {
@@ -402,8 +446,13 @@ impl Scanner {
                     .push_str(&format!(" {major}.{minor}.{patch}"));
             }
             Msg::Body => {
-                if let (Some(h), Some(r)) = (self.hasher.take(), self.current.as_mut()) {
-                    r.digest = h.digest();
+                let digest = match self.body {
+                    BodyHash::Whole(d) => d,
+                    BodyHash::Streaming => self.hasher.digest(),
+                    BodyHash::Off => xxh3_64(&[]),
+                };
+                if let Some(r) = self.current.as_mut() {
+                    r.digest = digest;
                 }
             }
             Msg::Any | Msg::Wrapper => {
@@ -411,7 +460,9 @@ impl Scanner {
                 let outer = matches!(msg, Msg::Any) || self.top() == Msg::DeltaResponse;
                 if outer {
                     if let Some(r) = self.current.take() {
-                        self.resp.resources.push(r);
+                        let name = r.name.as_str();
+                        (self.resp.resources).push_parts(name, r.version.as_deref(), r.digest);
+                        self.spare_name = r.name;
                     }
                 }
             }
@@ -428,6 +479,23 @@ impl Scanner {
             let frame = self.stack.pop().expect("checked non-empty");
             self.end(frame.msg);
         }
+    }
+
+    /// A string field is read whole into `buf`. The ones every resource has (its type URL and
+    /// name) are copied into strings kept from resource to resource, not allocated each time.
+    fn capture_done(&mut self, slot: Slot) {
+        match (slot, self.current.as_mut()) {
+            (Slot::AnyTypeUrl, _) => text_into(&self.buf, &mut self.any_type),
+            (Slot::WrapperName, Some(r)) => text_into(&self.buf, &mut r.name),
+            (Slot::BodyName, Some(r)) if r.name.is_empty() => text_into(&self.buf, &mut r.name),
+            (Slot::WrapperName | Slot::BodyName, _) => {}
+            _ => {
+                let mut text = String::new();
+                text_into(&self.buf, &mut text);
+                self.captured(slot, text);
+            }
+        }
+        self.buf.clear();
     }
 
     fn captured(&mut self, slot: Slot, text: String) {
@@ -456,24 +524,12 @@ impl Scanner {
                     super::redact_private_keys(&text).into_owned()
             }
             Slot::ControlPlaneId => self.resp.control_plane = Some(text),
-            Slot::AnyTypeUrl => self.any_type = text,
             Slot::WrapperVersion => {
                 if let Some(r) = self.current.as_mut() {
                     r.version = Some(text);
                 }
             }
-            Slot::WrapperName => {
-                if let Some(r) = self.current.as_mut() {
-                    r.name = text;
-                }
-            }
-            Slot::BodyName => {
-                if let Some(r) = self.current.as_mut() {
-                    if r.name.is_empty() {
-                        r.name = text;
-                    }
-                }
-            }
+            Slot::AnyTypeUrl | Slot::WrapperName | Slot::BodyName => {}
             Slot::MapKey => self.map_key = text,
             Slot::MapValue => self.map_value = text,
         }

@@ -486,6 +486,17 @@ mod tests {
         );
     }
 
+    /// What `r` hands out, as owned resources.
+    fn owned(r: &Resources) -> Vec<ResourceRef> {
+        r.iter()
+            .map(|x| ResourceRef {
+                name: x.name.into_owned(),
+                version: x.version.map(String::from),
+                digest: x.digest,
+            })
+            .collect()
+    }
+
     #[test]
     fn resources_keep_names_versions_and_digests_in_order() {
         let input = vec![
@@ -512,15 +523,7 @@ mod tests {
         ];
         let r: Resources = input.iter().cloned().collect();
         assert_eq!(r.len(), 4);
-        let back: Vec<ResourceRef> = r
-            .iter()
-            .map(|x| ResourceRef {
-                name: x.name.into_owned(),
-                version: x.version.map(String::from),
-                digest: x.digest,
-            })
-            .collect();
-        assert_eq!(back, input);
+        assert_eq!(owned(&r), input);
         assert!(r.get(4).is_none());
         assert_eq!(
             serde_json::to_string(&r).unwrap(),
@@ -573,15 +576,7 @@ mod tests {
                 })
                 .collect();
             let r: Resources = input.iter().cloned().collect();
-            let back: Vec<ResourceRef> = r
-                .iter()
-                .map(|x| ResourceRef {
-                    name: x.name.into_owned(),
-                    version: x.version.map(String::from),
-                    digest: x.digest,
-                })
-                .collect();
-            proptest::prop_assert_eq!(&back, &input);
+            proptest::prop_assert_eq!(&owned(&r), &input);
             for i in probes {
                 let got = r.get(i);
                 proptest::prop_assert_eq!(got.is_some(), i < input.len());

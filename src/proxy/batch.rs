@@ -497,4 +497,40 @@ mod tests {
         }
         assert!(got == data, "bytes altered");
     }
+
+    /// Neither buffer outlives its burst: the read buffer, taken when reads fill the codec's
+    /// buffer, is freed by the first read that finds nothing; the write buffer once written.
+    #[tokio::test]
+    async fn buffers_are_freed_when_the_burst_ends() {
+        let (mut peer, near) = tokio::io::duplex(1 << 20);
+        let mut b = Batched::new(near);
+        peer.write_all(&[7u8; 200_000]).await.unwrap();
+        let mut small = [0u8; 16_384];
+        let n = b.read(&mut small).await.unwrap();
+        assert_eq!(n, small.len());
+        let n = b.read(&mut small).await.unwrap();
+        assert!(n > 0);
+        assert_eq!(b.rbuf.len(), READ_CHUNK, "hot after a full read");
+        let mut got = 2 * 16_384 - (16_384 - n);
+        while got < 200_000 {
+            got += b.read(&mut small).await.unwrap();
+        }
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        let mut rb = ReadBuf::new(&mut small);
+        assert!(Pin::new(&mut b).poll_read(&mut cx, &mut rb).is_pending());
+        assert_eq!(b.rbuf.capacity(), 0, "read buffer kept while idle");
+
+        b.gathering = true;
+        assert!(Pin::new(&mut b)
+            .poll_write(&mut cx, &[1u8; 20_000])
+            .is_ready());
+        assert!(b.wbuf.capacity() >= 20_000);
+        b.gathering = false;
+        assert!(Pin::new(&mut b).poll_flush(&mut cx).is_ready());
+        assert_eq!(b.wbuf.capacity(), 0, "write buffer kept once written");
+        let mut back = vec![0u8; 20_000];
+        peer.read_exact(&mut back).await.unwrap();
+        assert!(back.iter().all(|&x| x == 1));
+    }
 }

@@ -174,3 +174,41 @@ fn bad_values_exit_64_naming_option_and_value() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `--threads N` runs N runtime workers (default one), counted in /proc once it listens.
+#[test]
+fn threads_set_the_worker_count() {
+    use std::io::BufRead;
+    for (flag, want) in [(None, 1), (Some("3"), 3)] {
+        let mut cmd = xdstap();
+        cmd.args([
+            "run",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "127.0.0.1:1",
+        ])
+        .args(["--admin", "off", "--log-level", "info"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+        if let Some(n) = flag {
+            cmd.args(["--threads", n]);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        assert!(
+            lines.any(|l| l.unwrap().contains("Listening")),
+            "never listened"
+        );
+        let workers = std::fs::read_dir(format!("/proc/{}/task", child.id()))
+            .unwrap()
+            .filter(|t| {
+                let comm = t.as_ref().unwrap().path().join("comm");
+                std::fs::read_to_string(comm).is_ok_and(|c| c.starts_with("tokio-r"))
+            })
+            .count();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(workers, want, "--threads {flag:?}");
+    }
+}

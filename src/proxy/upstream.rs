@@ -122,7 +122,7 @@ impl Connector {
 
     async fn connect_h2(&self, settings: &Settings) -> Result<SendRequest<Bytes>, ConnectError> {
         let (io, gate) = self.dial().await?;
-        let (send, conn) = h2::client::Builder::new()
+        let (send, mut conn) = h2::client::Builder::new()
             .initial_window_size(settings.stream_window)
             .initial_connection_window_size(settings.connection_window)
             .max_frame_size(settings.max_frame_size)
@@ -134,7 +134,6 @@ impl Connector {
                 source,
             })?;
         let upstream = self.endpoint.to_string();
-        let mut conn = conn;
         tokio::spawn(async move {
             let driven =
                 std::future::poll_fn(|cx| gate.poll(cx, |cx| Pin::new(&mut conn).poll(cx)));

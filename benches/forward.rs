@@ -188,7 +188,7 @@ impl Stream {
 }
 
 async fn start_tap(upstream: &str, observer: Arc<dyn Observe>) -> String {
-    let listener = Listener::bind(&Endpoint::Tcp("127.0.0.1:0".into()), None)
+    let listener = Listener::bind(&Endpoint::Tcp("127.0.0.1:0".into()))
         .await
         .unwrap();
     let proxy = Proxy::new(
@@ -196,6 +196,7 @@ async fn start_tap(upstream: &str, observer: Arc<dyn Observe>) -> String {
         Connector::new(upstream.parse().unwrap(), None),
         Settings::default(),
         observer,
+        Arc::default(),
     );
     let addr = proxy.local_addr();
     tokio::spawn(proxy.serve(std::future::pending()));
@@ -209,12 +210,17 @@ fn bench(c: &mut Criterion) {
         .unwrap();
     let push = Arc::new(PushTemplate::new());
     let push_len = push.wire_len();
-    let (direct, tap, tap_decode, pipeline) = rt.block_on(async {
+    let stats = Arc::new(xdstap::observe::TapStats::default());
+    let (direct, tap, tap_decode, _pipeline) = rt.block_on(async {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let direct = listener.local_addr().unwrap().to_string();
         tokio::spawn(control_plane(listener, push.clone()));
         let tap = start_tap(&direct, Arc::new(NoObserver)).await;
-        let pipeline = Pipeline::start(PipelineOptions::default(), Vec::new());
+        let options = PipelineOptions {
+            queue_capacity: 16_384,
+            decode_limit: xdstap::config::DEFAULT_DECODE_LIMIT,
+        };
+        let pipeline = Pipeline::start(options, stats.clone(), Vec::new());
         let tap_decode = start_tap(&direct, pipeline.tap.clone()).await;
         (direct, tap, tap_decode, pipeline)
     });
@@ -265,7 +271,7 @@ fn bench(c: &mut Criterion) {
         }
         g.finish();
     }
-    let decoded = xdstap::observe::TapStats::get(&pipeline.stats.decoded);
+    let decoded = xdstap::observe::TapStats::get(&stats.decoded);
     assert!(
         decoded > 0,
         "the decoding tap decoded the pushes and answers it forwarded"

@@ -12,11 +12,8 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use prometheus_client::registry::Registry;
 
-use crate::observe::status::StatusBoard;
-use crate::proxy::Endpoint;
-
-/// Default admin address.
-pub const DEFAULT_ADMIN: &str = "127.0.0.1:9977";
+use crate::observe::board::StatusBoard;
+use crate::proxy::{Endpoint, Listener};
 
 /// What the admin server shows.
 pub struct Admin {
@@ -28,48 +25,11 @@ pub struct Admin {
     pub upstream: Endpoint,
 }
 
-/// A bound admin listener.
-pub enum AdminListener {
-    /// TCP.
-    Tcp(tokio::net::TcpListener),
-    /// Unix socket.
-    Unix(tokio::net::UnixListener),
-}
-
-impl AdminListener {
-    /// Binds `addr`.
-    pub async fn bind(addr: &Endpoint) -> std::io::Result<AdminListener> {
-        Ok(match addr {
-            Endpoint::Tcp(a) => AdminListener::Tcp(tokio::net::TcpListener::bind(a).await?),
-            Endpoint::Unix(p) => {
-                let _ = std::fs::remove_file(p);
-                AdminListener::Unix(tokio::net::UnixListener::bind(p)?)
-            }
-        })
-    }
-
-    /// The bound address, as `host:port` or `unix:/path`.
-    pub fn local_addr(&self) -> String {
-        match self {
-            AdminListener::Tcp(l) => l.local_addr().map(|a| a.to_string()).unwrap_or_default(),
-            AdminListener::Unix(l) => l
-                .local_addr()
-                .ok()
-                .and_then(|a| a.as_pathname().map(|p| format!("unix:{}", p.display())))
-                .unwrap_or_default(),
-        }
-    }
-}
-
-/// Serves until the task is dropped or aborted.
-pub async fn serve(listener: AdminListener, admin: Arc<Admin>) {
+/// Serves HTTP/1.1 on `listener` until the task is dropped or aborted.
+pub async fn serve(listener: Listener, admin: Arc<Admin>) {
     loop {
-        let accepted = match &listener {
-            AdminListener::Tcp(l) => l.accept().await.map(|(s, _)| Conn::Tcp(s)),
-            AdminListener::Unix(l) => l.accept().await.map(|(s, _)| Conn::Unix(s)),
-        };
-        let conn = match accepted {
-            Ok(c) => c,
+        let conn = match listener.accept().await {
+            Ok((io, _, _)) => io,
             Err(e) => {
                 tracing::warn!("admin accept failed: {e}");
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -82,18 +42,11 @@ pub async fn serve(listener: AdminListener, admin: Arc<Admin>) {
                 let admin = admin.clone();
                 async move { Ok::<_, Infallible>(handle(&admin, req).await) }
             });
-            let builder = hyper::server::conn::http1::Builder::new();
-            let _ = match conn {
-                Conn::Tcp(s) => builder.serve_connection(TokioIo::new(s), service).await,
-                Conn::Unix(s) => builder.serve_connection(TokioIo::new(s), service).await,
-            };
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(conn), service)
+                .await;
         });
     }
-}
-
-enum Conn {
-    Tcp(tokio::net::TcpStream),
-    Unix(tokio::net::UnixStream),
 }
 
 fn reply(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
@@ -109,26 +62,12 @@ fn node_param(query: Option<&str>) -> Option<String> {
     query?
         .split('&')
         .find_map(|kv| kv.strip_prefix("node="))
-        .map(percent_decode)
-}
-
-fn percent_decode(s: &str) -> String {
-    let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
-                out.push(h << 4 | l);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(if b[i] == b'+' { b' ' } else { b[i] });
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+        // A query value: `+` is a space, then percent-decoding.
+        .map(|v| {
+            percent_encoding::percent_decode_str(&v.replace('+', " "))
+                .decode_utf8_lossy()
+                .into_owned()
+        })
 }
 
 async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
@@ -138,7 +77,7 @@ async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> 
     match req.uri().path() {
         "/status" => {
             let node = node_param(req.uri().query());
-            let report = admin.status.report(crate::tap::now(), node.as_deref());
+            let report = admin.status.report(crate::observe::now(), node.as_deref());
             if node.is_some() && report.nodes.is_empty() {
                 return reply(
                     StatusCode::NOT_FOUND,

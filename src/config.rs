@@ -1,15 +1,29 @@
-//! Settings from a YAML file and from flags, flags winning, validated into typed values.
-//! Every error names the option, where it came from, and the bad value; `main` exits 64
-//! (EX_USAGE) on any of them.
+//! The options, defined once: [`Options`] is both the flags (clap) and the YAML file's keys
+//! (serde), and every flag's clap id is its YAML key (`http2.stream_window` is `--stream-window`).
+//! A file is read into `Options`, the flags given replace what they name, and
+//! [`Options::resolve`] validates the result into a [`Config`], one function per section. Every
+//! error names the option, its flag and the bad value; `main` exits 64 (EX_USAGE) on any of them.
 
+use std::ffi::OsStr;
+use std::fmt;
+use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::str::FromStr;
 
+use clap::builder::{TypedValueParser, ValueParserFactory};
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches};
 use serde::Deserialize;
 
+use crate::observe::board::StatusSettings;
 use crate::observe::spans::{Grouping, Protocol, SpanSettings};
-use crate::observe::status::StatusSettings;
 use crate::proxy::{ClientTls, Endpoint, ServerTls, Settings};
+
+/// Where the admin server listens unless told otherwise.
+pub const DEFAULT_ADMIN: &str = "127.0.0.1:9977";
+/// Events waiting for the sinks unless told otherwise.
+pub const DEFAULT_EVENT_QUEUE: usize = 16_384;
+/// The largest message decoded unless told otherwise (bigger ones are forwarded and counted).
+pub const DEFAULT_DECODE_LIMIT: u64 = 256 << 20;
 
 /// A setting that cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -22,12 +36,12 @@ pub enum ConfigError {
         /// The OS error.
         source: std::io::Error,
     },
-    /// The config file is not valid YAML for our schema (unknown key, wrong type, ...).
+    /// The config file is not valid YAML for our schema (unknown key, wrong type, bad value).
     #[error("config file {path}: {message}")]
     Parse {
         /// The file.
         path: PathBuf,
-        /// What serde said, with line and column.
+        /// What was wrong, with line and column.
         message: String,
     },
     /// A value is wrong.
@@ -50,169 +64,478 @@ pub enum ConfigError {
     },
 }
 
-/// The YAML file. Every key is optional; flags override keys.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileConfig {
-    /// Where clients connect: `host:port` or `unix:/path`.
-    pub listen: Option<String>,
-    /// The control plane: `host:port` or `unix:/path`.
-    pub upstream: Option<String>,
-    /// Downstream TLS.
-    pub tls: Option<FileServerTls>,
-    /// Upstream TLS.
-    pub upstream_tls: Option<FileClientTls>,
-    /// HTTP/2 tuning.
-    pub http2: Option<FileHttp2>,
-    /// Grace period for open streams at shutdown, e.g. `10s`.
-    pub shutdown_grace: Option<String>,
-    /// Upstream connect timeout, e.g. `10s`.
-    pub connect_timeout: Option<String>,
-    /// Worker threads.
-    pub threads: Option<serde_norway::Value>,
-    /// Logging.
-    pub log: Option<FileLog>,
-    /// Largest xDS message decoded, e.g. `256MiB`; larger ones are forwarded and counted.
-    pub decode_limit: Option<serde_norway::Value>,
-    /// JSON-lines file getting one line per verdict.
-    pub event_log: Option<PathBuf>,
-    /// OpenTelemetry span export.
-    pub spans: Option<FileSpans>,
-    /// The admin server and the status view.
-    pub admin: Option<FileAdmin>,
+/// The YAML key of an option with its flag: `http2.stream_window (--stream-window)`.
+pub fn option_name(id: &str) -> String {
+    let command = Options::augment_args(clap::Command::new("xdstap"));
+    let long = command
+        .get_arguments()
+        .find(|a| a.get_id() == id)
+        .and_then(|a| a.get_long().map(String::from));
+    match long {
+        Some(long) => format!("{id} (--{long})"),
+        None => id.to_string(),
+    }
 }
 
-/// `admin:` in the YAML file.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileAdmin {
-    /// `host:port`, `unix:/path`, or `off`.
-    pub address: Option<String>,
-    /// A push unanswered this long is STALE, e.g. `30s`.
-    pub stale_after: Option<String>,
-    /// Disconnected nodes leave the status view after this long, e.g. `10m`.
-    pub forget_after: Option<String>,
-    /// At most this many nodes are kept.
-    pub max_nodes: Option<usize>,
+fn invalid(id: &str, value: impl fmt::Display, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        option: option_name(id),
+        value: value.to_string(),
+        reason: reason.into(),
+    }
 }
 
-/// Validated admin settings.
-#[derive(Debug, Clone)]
-pub struct AdminSettings {
-    /// Where the admin server listens.
-    pub address: Endpoint,
-    /// How the status board ages entries.
-    pub status: StatusSettings,
+fn missing(ids: &[&str], hint: &str) -> ConfigError {
+    let names: Vec<String> = ids.iter().map(|id| option_name(id)).collect();
+    ConfigError::Missing {
+        option: names.join(" and "),
+        hint: hint.into(),
+    }
 }
 
-/// `spans:` in the YAML file.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileSpans {
-    /// OTLP endpoint, e.g. `http://jaeger:4317` (grpc) or `http://collector:4318` (http).
-    pub endpoint: Option<String>,
-    /// `grpc` or `http/protobuf`.
-    pub protocol: Option<String>,
-    /// `version` (one trace per config version) or `push`.
-    pub grouping: Option<String>,
-    /// Mixed into version-derived trace ids.
-    pub control_plane_id: Option<String>,
-    /// Spans waiting for export before new ones are dropped.
-    pub queue_size: Option<usize>,
-    /// Write spans to this file as OTLP JSON lines instead of sending them.
-    pub file: Option<PathBuf>,
+/// The value parser of every typed option: the type's own `FromStr`, with an error that names
+/// the option (the arg's id is its YAML key), its flag and the value.
+#[derive(Clone)]
+pub struct Parsed<T>(PhantomData<fn() -> T>);
+
+impl<T> TypedValueParser for Parsed<T>
+where
+    T: FromStr<Err = String> + Clone + Send + Sync + 'static,
+{
+    type Value = T;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &OsStr,
+    ) -> Result<T, clap::Error> {
+        let id = arg.map_or("", |a| a.get_id().as_str());
+        let text = value.to_string_lossy();
+        text.parse().map_err(|reason: String| {
+            let e = invalid(id, &text, reason);
+            clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("{e}\n"))
+                .with_cmd(cmd)
+        })
+    }
 }
 
-/// `tls:` in the YAML file.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileServerTls {
-    /// PEM certificate chain.
-    pub cert: Option<PathBuf>,
-    /// PEM private key.
-    pub key: Option<PathBuf>,
-    /// PEM CA bundle; set to require client certificates.
-    pub client_ca: Option<PathBuf>,
+/// Deserializes `T` from a YAML string or number through its `FromStr`; the error carries the
+/// value and the reason, and [`Options::from_file`] adds the key and its flag.
+fn from_scalar<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: FromStr<Err = String>,
+{
+    struct Scalar<T>(PhantomData<T>);
+    impl<T: FromStr<Err = String>> serde::de::Visitor<'_> for Scalar<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a string or a number")
+        }
+        fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<T, E> {
+            s.parse()
+                .map_err(|reason| E::custom(format!("{s:?}: {reason}")))
+        }
+        fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<T, E> {
+            self.visit_str(&n.to_string())
+        }
+        fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<T, E> {
+            self.visit_str(&n.to_string())
+        }
+        fn visit_f64<E: serde::de::Error>(self, n: f64) -> Result<T, E> {
+            self.visit_str(&n.to_string())
+        }
+    }
+    d.deserialize_any(Scalar(PhantomData))
 }
 
-/// `upstream_tls:` in the YAML file.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileClientTls {
-    /// Use TLS upstream (default true when the section is present).
-    pub enabled: Option<bool>,
-    /// PEM CA bundle; system roots when unset.
-    pub ca: Option<PathBuf>,
-    /// PEM client certificate.
-    pub cert: Option<PathBuf>,
-    /// PEM client key.
-    pub key: Option<PathBuf>,
-    /// SNI and verified name; the upstream host when unset.
-    pub sni: Option<String>,
+/// Makes a `FromStr` type an option value: clap parses it with [`Parsed`], serde with
+/// [`from_scalar`].
+macro_rules! option_value {
+    ($($t:ty),*) => {$(
+        impl ValueParserFactory for $t {
+            type Parser = Parsed<$t>;
+            fn value_parser() -> Parsed<$t> {
+                Parsed(PhantomData)
+            }
+        }
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                from_scalar(d)
+            }
+        }
+    )*};
 }
 
-/// `http2:` in the YAML file.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileHttp2 {
-    /// Per-stream window, bytes or `16MiB`.
-    pub stream_window: Option<serde_norway::Value>,
-    /// Per-connection window.
-    pub connection_window: Option<serde_norway::Value>,
-    /// Largest DATA frame we accept.
-    pub max_frame_size: Option<serde_norway::Value>,
-}
+option_value!(
+    Endpoint,
+    Size,
+    Duration,
+    Count,
+    AdminAddress,
+    LogFormat,
+    Protocol,
+    Grouping
+);
 
-/// `log:` in the YAML file.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileLog {
-    /// `text` or `json`.
-    pub format: Option<String>,
-    /// A tracing filter such as `info` or `xdstap=debug`.
-    pub level: Option<String>,
-}
-
-/// Log line format.
+/// A byte size: `1048576`, `64KiB`, `16MiB`, `1GiB`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Size(pub u64);
+
+impl FromStr for Size {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        let (number, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+        let n: u64 = number
+            .parse()
+            .map_err(|_| "expected a size such as 65536, 64KiB or 16MiB".to_string())?;
+        let factor = match unit.trim() {
+            "" | "B" => 1,
+            "KiB" | "K" => 1 << 10,
+            "MiB" | "M" => 1 << 20,
+            "GiB" | "G" => 1 << 30,
+            other => return Err(format!("unknown unit {other:?}; use KiB, MiB or GiB")),
+        };
+        n.checked_mul(factor)
+            .map(Size)
+            .ok_or_else(|| "too large".to_string())
+    }
+}
+
+impl fmt::Display for Size {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl Size {
+    /// The size as a `u32` within `min..=max`, or an error naming option `id`.
+    fn within(self, id: &str, min: u32, max: u32) -> Result<u32, ConfigError> {
+        if self.0 < min as u64 || self.0 > max as u64 {
+            return Err(invalid(
+                id,
+                self,
+                format!("must be between {min} and {max} bytes"),
+            ));
+        }
+        Ok(self.0 as u32)
+    }
+}
+
+/// A duration: `10s`, `500ms`, `2m`, `1h`; a bare number is seconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Duration(pub std::time::Duration);
+
+impl FromStr for Duration {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        let split = s
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(s.len());
+        let (number, unit) = s.split_at(split);
+        let n: f64 = number
+            .parse()
+            .map_err(|_| "expected a duration such as 10s, 500ms or 2m".to_string())?;
+        let secs = match unit.trim() {
+            "ms" => n / 1000.0,
+            "" | "s" => n,
+            "m" => n * 60.0,
+            "h" => n * 3600.0,
+            other => return Err(format!("unknown unit {other:?}; use ms, s, m or h")),
+        };
+        if !secs.is_finite() || !(0.0..=86_400.0 * 365.0).contains(&secs) {
+            return Err("out of range".into());
+        }
+        Ok(Duration(std::time::Duration::from_secs_f64(secs)))
+    }
+}
+
+impl fmt::Display for Duration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+impl Duration {
+    /// The duration, or an error naming option `id` when it is zero.
+    fn positive(self, id: &str) -> Result<std::time::Duration, ConfigError> {
+        if self.0.is_zero() {
+            return Err(invalid(id, self, "must be greater than 0"));
+        }
+        Ok(self.0)
+    }
+}
+
+/// A whole number of things (threads, nodes, spans): at least 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Count(pub usize);
+
+impl FromStr for Count {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().parse::<usize>() {
+            Ok(n) if n >= 1 => Ok(Count(n)),
+            _ => Err("expected a whole number of at least 1".into()),
+        }
+    }
+}
+
+/// `host:port`, `unix:/path`, or `off`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AdminAddress {
+    /// No admin server.
+    Off,
+    /// Listen here.
+    At(Endpoint),
+}
+
+impl FromStr for AdminAddress {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "off" {
+            return Ok(AdminAddress::Off);
+        }
+        s.parse()
+            .map(AdminAddress::At)
+            .map_err(|e| format!("{e} (or off)"))
+    }
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum LogFormat {
     /// Human-readable lines.
+    #[default]
     Text,
     /// One JSON object per line.
     Json,
 }
 
-/// Values given on the command line; `None` means "not given".
-#[derive(Debug, Default, Clone)]
-pub struct Overrides {
-    pub listen: Option<String>,
-    pub upstream: Option<String>,
-    pub tls_cert: Option<PathBuf>,
-    pub tls_key: Option<PathBuf>,
-    pub tls_client_ca: Option<PathBuf>,
-    pub upstream_tls: bool,
-    pub upstream_ca: Option<PathBuf>,
-    pub upstream_cert: Option<PathBuf>,
-    pub upstream_key: Option<PathBuf>,
-    pub upstream_sni: Option<String>,
-    pub stream_window: Option<String>,
-    pub connection_window: Option<String>,
-    pub max_frame_size: Option<String>,
-    pub shutdown_grace: Option<String>,
-    pub connect_timeout: Option<String>,
-    pub threads: Option<String>,
-    pub log_format: Option<String>,
-    pub log_level: Option<String>,
-    pub decode_limit: Option<String>,
+impl FromStr for LogFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            _ => Err("expected text or json".into()),
+        }
+    }
+}
+
+/// Every option of `xdstap run` and `check-config`. The field path is the YAML key; the flag is
+/// named in each field's `#[arg]`. Unset options take the defaults their help states.
+#[derive(Debug, Default, Clone, Args, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Options {
+    /// Where xDS clients connect: host:port (h2c) or unix:/path.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<Endpoint>,
+    /// The control plane: host:port or unix:/path.
+    #[arg(long, value_name = "ADDR")]
+    pub upstream: Option<Endpoint>,
+    /// Time open streams get to finish after SIGTERM/SIGINT [default: 10s].
+    #[arg(long, value_name = "DURATION")]
+    pub shutdown_grace: Option<Duration>,
+    /// Upstream connect timeout, TCP + TLS + HTTP/2 handshake [default: 10s].
+    #[arg(long, value_name = "DURATION")]
+    pub connect_timeout: Option<Duration>,
+    /// Worker threads for forwarding and observing; one is the cheapest per byte, raise it for
+    /// a tap tier carrying many proxies [default: 1].
+    #[arg(long, value_name = "N")]
+    pub threads: Option<Count>,
+    /// Downstream TLS.
+    #[command(flatten)]
+    pub tls: TlsOptions,
+    /// Upstream TLS.
+    #[command(flatten)]
+    #[serde(deserialize_with = "UpstreamTlsOptions::from_section")]
+    pub upstream_tls: UpstreamTlsOptions,
+    /// HTTP/2 settings the tap advertises.
+    #[command(flatten)]
+    pub http2: Http2Options,
+    /// Logging.
+    #[command(flatten)]
+    pub log: LogOptions,
+    /// Largest xDS message decoded; larger ones are forwarded untouched and counted
+    /// [default: 256MiB].
+    #[arg(long, value_name = "SIZE", help_heading = "Observation")]
+    pub decode_limit: Option<Size>,
+    /// Append one JSON line per verdict (ack, nack, superseded, unanswered) to FILE [default: off].
+    #[arg(long, value_name = "FILE", help_heading = "Observation")]
     pub event_log: Option<PathBuf>,
-    pub otlp_endpoint: Option<String>,
-    pub otlp_protocol: Option<String>,
-    pub trace_grouping: Option<String>,
+    /// Events waiting for the sinks (spans, status, metrics, event log); beyond it events are
+    /// dropped and counted, never forwarding held up [default: 16384].
+    #[arg(long, value_name = "N", help_heading = "Observation")]
+    pub event_queue: Option<Count>,
+    /// Span export.
+    #[command(flatten)]
+    pub spans: SpanOptions,
+    /// The admin server and the status view.
+    #[command(flatten)]
+    pub admin: AdminOptions,
+}
+
+/// `tls:`: downstream TLS, off when neither cert nor key is given.
+#[derive(Debug, Default, Clone, Args, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[command(next_help_heading = "Downstream TLS")]
+pub struct TlsOptions {
+    /// PEM certificate chain for downstream TLS.
+    #[arg(id = "tls.cert", long = "tls-cert", value_name = "FILE")]
+    pub cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(id = "tls.key", long = "tls-key", value_name = "FILE")]
+    pub key: Option<PathBuf>,
+    /// PEM CA bundle; clients must present a certificate signed by it (mTLS).
+    #[arg(id = "tls.client_ca", long = "tls-client-ca", value_name = "FILE")]
+    pub client_ca: Option<PathBuf>,
+}
+
+/// `upstream_tls:`: TLS to the control plane, on when the section or any of its flags is given.
+#[derive(Debug, Default, Clone, Args, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[command(next_help_heading = "Upstream TLS")]
+pub struct UpstreamTlsOptions {
+    /// Speak TLS to the upstream (implied by the other --upstream-* TLS flags; in YAML, by the
+    /// section) [default: off].
+    #[arg(
+        id = "upstream_tls.enabled",
+        long = "upstream-tls",
+        num_args = 0,
+        default_missing_value = "true"
+    )]
+    pub enabled: Option<bool>,
+    /// PEM CA bundle to verify the upstream [default: system roots].
+    #[arg(id = "upstream_tls.ca", long = "upstream-ca", value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+    /// PEM client certificate for an upstream that requires mTLS.
+    #[arg(id = "upstream_tls.cert", long = "upstream-cert", value_name = "FILE")]
+    pub cert: Option<PathBuf>,
+    /// PEM private key for --upstream-cert.
+    #[arg(id = "upstream_tls.key", long = "upstream-key", value_name = "FILE")]
+    pub key: Option<PathBuf>,
+    /// Server name to send and verify [default: the upstream host].
+    #[arg(id = "upstream_tls.sni", long = "upstream-sni", value_name = "NAME")]
+    pub sni: Option<String>,
+    /// Set when the YAML file has a non-empty `upstream_tls:` section, which turns TLS on by
+    /// itself.
+    #[arg(skip)]
+    #[serde(skip)]
+    pub in_file: bool,
+}
+
+/// `http2:`.
+#[derive(Debug, Default, Clone, Args, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[command(next_help_heading = "HTTP/2")]
+pub struct Http2Options {
+    /// HTTP/2 stream window, both sides; also the most the tap buffers per stream and direction
+    /// [default: 1MiB].
+    #[arg(
+        id = "http2.stream_window",
+        long = "stream-window",
+        value_name = "SIZE"
+    )]
+    pub stream_window: Option<Size>,
+    /// HTTP/2 connection window, both sides [default: 8MiB].
+    #[arg(
+        id = "http2.connection_window",
+        long = "connection-window",
+        value_name = "SIZE"
+    )]
+    pub connection_window: Option<Size>,
+    /// Largest HTTP/2 DATA frame accepted, bytes [default: 16384].
+    #[arg(
+        id = "http2.max_frame_size",
+        long = "max-frame-size",
+        value_name = "SIZE"
+    )]
+    pub max_frame_size: Option<Size>,
+}
+
+/// `log:`.
+#[derive(Debug, Default, Clone, Args, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[command(next_help_heading = "Logging")]
+pub struct LogOptions {
+    /// Log format: text or json [default: text].
+    #[arg(id = "log.format", long = "log-format", value_name = "FORMAT")]
+    pub format: Option<LogFormat>,
+    /// Log filter, e.g. info or xdstap=debug [default: info].
+    #[arg(
+        id = "log.level",
+        long = "log-level",
+        value_name = "FILTER",
+        env = "RUST_LOG"
+    )]
+    pub level: Option<String>,
+}
+
+/// `spans:`: OpenTelemetry span export, off unless an endpoint or a file is given here, by flag,
+/// or by `OTEL_EXPORTER_OTLP_ENDPOINT`.
+#[derive(Debug, Default, Clone, Args, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[command(next_help_heading = "Spans (OpenTelemetry)")]
+pub struct SpanOptions {
+    /// Export a span per push to this OTLP endpoint, e.g. http://127.0.0.1:4317
+    /// [default: OTEL_EXPORTER_OTLP_ENDPOINT; off when neither is set].
+    #[arg(id = "spans.endpoint", long = "otlp-endpoint", value_name = "URL")]
+    pub endpoint: Option<String>,
+    /// OTLP transport: grpc or http/protobuf [default: OTEL_EXPORTER_OTLP_PROTOCOL, else
+    /// http/protobuf].
+    #[arg(id = "spans.protocol", long = "otlp-protocol", value_name = "PROTOCOL")]
+    pub protocol: Option<Protocol>,
+    /// One trace per config version (across types and proxies) or per push [default: version].
+    #[arg(
+        id = "spans.grouping",
+        long = "trace-grouping",
+        value_name = "version|push"
+    )]
+    pub grouping: Option<Grouping>,
+    /// Mixed into version-derived trace ids; give each control plane its own [default: none].
+    #[arg(
+        id = "spans.control_plane_id",
+        long = "control-plane-id",
+        value_name = "ID"
+    )]
     pub control_plane_id: Option<String>,
-    pub spans_file: Option<PathBuf>,
-    pub admin: Option<String>,
-    pub stale_after: Option<String>,
-    pub forget_after: Option<String>,
+    /// Spans waiting for export; beyond it spans are dropped and counted [default: 2048].
+    #[arg(id = "spans.queue_size", long = "span-queue-size", value_name = "N")]
+    pub queue_size: Option<Count>,
+    /// Write spans to FILE as OTLP JSON lines instead of sending them to an endpoint.
+    #[arg(id = "spans.file", long = "spans-file", value_name = "FILE")]
+    pub file: Option<PathBuf>,
+}
+
+/// `admin:`.
+#[derive(Debug, Default, Clone, Args, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[command(next_help_heading = "Admin and status")]
+pub struct AdminOptions {
+    /// Admin server (/status, /metrics, /healthz, /readyz): host:port, unix:/path or off
+    /// [default: 127.0.0.1:9977].
+    #[arg(id = "admin.address", long = "admin", value_name = "ADDR")]
+    pub address: Option<AdminAddress>,
+    /// A push unanswered this long makes its type STALE [default: 30s].
+    #[arg(
+        id = "admin.stale_after",
+        long = "stale-after",
+        value_name = "DURATION"
+    )]
+    pub stale_after: Option<Duration>,
+    /// Disconnected nodes leave the status view after this long [default: 10m].
+    #[arg(
+        id = "admin.forget_after",
+        long = "forget-after",
+        value_name = "DURATION"
+    )]
+    pub forget_after: Option<Duration>,
+    /// Nodes kept in the status view; past it the longest-idle node leaves [default: 100000].
+    #[arg(id = "admin.max_nodes", long = "max-nodes", value_name = "N")]
+    pub max_nodes: Option<Count>,
 }
 
 /// Validated settings for `xdstap run`.
@@ -232,381 +555,276 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Log filter.
     pub log_level: String,
-    /// Largest message decoded.
+    /// Largest message decoded, bytes.
     pub decode_limit: u64,
     /// Runtime worker threads.
     pub threads: usize,
     /// JSON-lines verdict log, if any.
     pub event_log: Option<PathBuf>,
+    /// Events waiting for the sinks before new ones are dropped.
+    pub event_queue: usize,
     /// Span export, when an endpoint is configured (here or by OTEL_EXPORTER_OTLP_*).
     pub spans: Option<SpanSettings>,
     /// The admin server; `None` when turned off.
     pub admin: Option<AdminSettings>,
 }
 
-impl FileConfig {
-    /// Reads and parses a YAML config file.
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+impl Config {
+    /// The downstream TLS acceptor, reading the PEM files: an error names the options.
+    pub fn tls_acceptor(&self) -> Result<Option<tokio_rustls::TlsAcceptor>, ConfigError> {
+        let Some(t) = &self.tls else { return Ok(None) };
+        t.acceptor().map(Some).map_err(|e| ConfigError::Invalid {
+            option: ["tls.cert", "tls.key", "tls.client_ca"]
+                .map(option_name)
+                .join(", "),
+            value: t.cert.display().to_string(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// The upstream TLS connector and server name, reading the PEM files: an error names the
+    /// options.
+    pub fn upstream_connector(&self) -> Result<Option<UpstreamTls>, ConfigError> {
+        let Some(t) = &self.upstream_tls else {
+            return Ok(None);
+        };
+        t.connector(self.upstream.host())
+            .map(Some)
+            .map_err(|e| ConfigError::Invalid {
+                option: [
+                    "upstream_tls.ca",
+                    "upstream_tls.cert",
+                    "upstream_tls.key",
+                    "upstream_tls.sni",
+                ]
+                .map(option_name)
+                .join(", "),
+                value: self.upstream.to_string(),
+                reason: e.to_string(),
+            })
+    }
+}
+
+/// A TLS connector and the server name it sends.
+pub type UpstreamTls = (
+    tokio_rustls::TlsConnector,
+    tokio_rustls::rustls::pki_types::ServerName<'static>,
+);
+
+/// Validated admin settings.
+#[derive(Debug, Clone)]
+pub struct AdminSettings {
+    /// Where the admin server listens.
+    pub address: Endpoint,
+    /// How the status board ages entries.
+    pub status: StatusSettings,
+}
+
+impl Options {
+    /// Reads a YAML file of options; an empty file is all defaults.
+    pub fn from_file(path: &Path) -> Result<Options, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.into(),
             source,
         })?;
         if text.trim().is_empty() {
-            return Ok(FileConfig::default());
+            return Ok(Options::default());
         }
         serde_norway::from_str(&text).map_err(|e| ConfigError::Parse {
             path: path.into(),
-            message: e.to_string(),
+            message: name_the_key(&e.to_string()),
         })
     }
-}
 
-fn invalid(option: &str, flag: &str, value: &str, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        option: format!("{option} ({flag})"),
-        value: value.to_string(),
-        reason: reason.into(),
+    /// These options with every option given in `flags` replacing its value. `flags` are the
+    /// matches of a command that flattens [`Options`].
+    pub fn with_flags(mut self, flags: &ArgMatches) -> Result<Options, clap::Error> {
+        self.update_from_arg_matches(flags)?;
+        Ok(self)
     }
-}
 
-fn endpoint(option: &str, flag: &str, value: &str) -> Result<Endpoint, ConfigError> {
-    value
-        .parse()
-        .map_err(|reason: String| invalid(option, flag, value, reason))
-}
-
-/// Parses `10s`, `500ms`, `2m`, `1h`; a bare number is seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (number, unit) = match s.find(|c: char| !c.is_ascii_digit() && c != '.') {
-        Some(i) => s.split_at(i),
-        None => (s, "s"),
-    };
-    let n: f64 = number
-        .parse()
-        .map_err(|_| "expected a duration such as 10s, 500ms or 2m".to_string())?;
-    let secs = match unit.trim() {
-        "ms" => n / 1000.0,
-        "s" => n,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        other => return Err(format!("unknown unit {other:?}; use ms, s, m or h")),
-    };
-    if !secs.is_finite() || !(0.0..=86_400.0 * 365.0).contains(&secs) {
-        return Err("out of range".into());
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
-/// Parses a byte size: `1048576`, `64KiB`, `16MiB`, `1GiB`.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let s = s.trim();
-    let (number, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => s.split_at(i),
-        None => (s, ""),
-    };
-    let n: u64 = number
-        .parse()
-        .map_err(|_| "expected a size such as 65536, 64KiB or 16MiB".to_string())?;
-    let factor = match unit.trim() {
-        "" | "B" => 1,
-        "KiB" | "K" => 1 << 10,
-        "MiB" | "M" => 1 << 20,
-        "GiB" | "G" => 1 << 30,
-        other => return Err(format!("unknown unit {other:?}; use KiB, MiB or GiB")),
-    };
-    n.checked_mul(factor).ok_or_else(|| "too large".to_string())
-}
-
-fn yaml_scalar(v: &serde_norway::Value) -> String {
-    match v {
-        serde_norway::Value::String(s) => s.clone(),
-        serde_norway::Value::Number(n) => n.to_string(),
-        other => format!("{other:?}"),
-    }
-}
-
-fn window(
-    option: &str,
-    flag: &str,
-    value: Option<String>,
-    default: u32,
-    min: u32,
-    max: u32,
-) -> Result<u32, ConfigError> {
-    let Some(value) = value else {
-        return Ok(default);
-    };
-    let n = parse_size(&value).map_err(|r| invalid(option, flag, &value, r))?;
-    if n < min as u64 || n > max as u64 {
-        return Err(invalid(
-            option,
-            flag,
-            &value,
-            format!("must be between {min} and {max} bytes"),
-        ));
-    }
-    Ok(n as u32)
-}
-
-impl Config {
-    /// Merges a file (if any) with flags and validates the result.
-    pub fn resolve(file: FileConfig, flags: Overrides) -> Result<Config, ConfigError> {
-        let listen = flags
-            .listen
-            .or(file.listen)
-            .ok_or_else(|| ConfigError::Missing {
-                option: "listen (--listen)".into(),
-                hint: "where clients connect, e.g. 127.0.0.1:15010 or unix:/var/run/xdstap.sock"
-                    .into(),
-            })?;
-        let listen = endpoint("listen", "--listen", &listen)?;
-        let upstream = flags
-            .upstream
-            .or(file.upstream)
-            .ok_or_else(|| ConfigError::Missing {
-                option: "upstream (--upstream)".into(),
-                hint: "the control plane, e.g. istiod.istio-system.svc:15010".into(),
-            })?;
-        let upstream = endpoint("upstream", "--upstream", &upstream)?;
-
-        let ftls = file.tls.unwrap_or_default();
-        let cert = flags.tls_cert.or(ftls.cert);
-        let key = flags.tls_key.or(ftls.key);
-        let client_ca = flags.tls_client_ca.or(ftls.client_ca);
-        let tls = match (cert, key) {
-            (Some(cert), Some(key)) => Some(ServerTls {
-                cert,
-                key,
-                client_ca,
-            }),
-            (None, None) if client_ca.is_none() => None,
-            (None, None) => {
-                return Err(ConfigError::Missing {
-                    option: "tls.cert (--tls-cert) and tls.key (--tls-key)".into(),
-                    hint: "tls.client_ca requires the tap's own certificate and key".into(),
-                })
-            }
-            (Some(_), None) => {
-                return Err(ConfigError::Missing {
-                    option: "tls.key (--tls-key)".into(),
-                    hint: "tls.cert was given without its private key".into(),
-                })
-            }
-            (None, Some(_)) => {
-                return Err(ConfigError::Missing {
-                    option: "tls.cert (--tls-cert)".into(),
-                    hint: "tls.key was given without its certificate".into(),
-                })
-            }
-        };
-
-        let section = file.upstream_tls;
-        let utls = section.as_ref();
-        let enabled = flags.upstream_tls
-            || flags.upstream_ca.is_some()
-            || flags.upstream_cert.is_some()
-            || flags.upstream_sni.is_some()
-            || utls.is_some_and(|t| t.enabled.unwrap_or(true));
-        let upstream_tls = if enabled {
-            let t = ClientTls {
-                ca: flags.upstream_ca.or(utls.and_then(|t| t.ca.clone())),
-                cert: flags.upstream_cert.or(utls.and_then(|t| t.cert.clone())),
-                key: flags.upstream_key.or(utls.and_then(|t| t.key.clone())),
-                sni: flags.upstream_sni.or(utls.and_then(|t| t.sni.clone())),
-            };
-            if t.cert.is_some() != t.key.is_some() {
-                return Err(ConfigError::Missing {
-                    option:
-                        "upstream_tls.cert (--upstream-cert) and upstream_tls.key (--upstream-key)"
-                            .into(),
-                    hint: "a client certificate needs both".into(),
-                });
-            }
-            Some(t)
-        } else {
-            None
-        };
-
-        let h2 = file.http2.unwrap_or_default();
-        let defaults = Settings::default();
-        let stream_window = window(
-            "http2.stream_window",
-            "--stream-window",
-            flags
-                .stream_window
-                .or(h2.stream_window.as_ref().map(yaml_scalar)),
-            defaults.stream_window,
-            65_535,
-            (1 << 31) - 1,
-        )?;
-        let connection_window = window(
-            "http2.connection_window",
-            "--connection-window",
-            flags
-                .connection_window
-                .or(h2.connection_window.as_ref().map(yaml_scalar)),
-            defaults.connection_window,
-            65_535,
-            (1 << 31) - 1,
-        )?;
-        let max_frame_size = window(
-            "http2.max_frame_size",
-            "--max-frame-size",
-            flags
-                .max_frame_size
-                .or(h2.max_frame_size.as_ref().map(yaml_scalar)),
-            defaults.max_frame_size,
-            16_384,
-            (1 << 24) - 1,
-        )?;
-        let duration =
-            |option: &str, flag: &str, value: Option<String>, default: Duration| match value {
-                None => Ok(default),
-                Some(v) => parse_duration(&v).map_err(|r| invalid(option, flag, &v, r)),
-            };
-        let shutdown_grace = duration(
-            "shutdown_grace",
-            "--shutdown-grace",
-            flags.shutdown_grace.or(file.shutdown_grace),
-            defaults.shutdown_grace,
-        )?;
-        let connect_timeout = duration(
-            "connect_timeout",
-            "--connect-timeout",
-            flags.connect_timeout.or(file.connect_timeout),
-            defaults.connect_timeout,
-        )?;
-        if connect_timeout.is_zero() {
-            return Err(invalid(
-                "connect_timeout",
-                "--connect-timeout",
-                "0",
-                "must be greater than 0",
-            ));
+    /// Options from flags alone, as a command line would give them (for tests and tools).
+    pub fn from_flags<I, T>(args: I) -> Result<Options, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            options: Options,
         }
-
-        let flog = file.log.unwrap_or_default();
-        let log_format = match flags.log_format.or(flog.format).as_deref() {
-            None | Some("text") => LogFormat::Text,
-            Some("json") => LogFormat::Json,
-            Some(other) => {
-                return Err(invalid(
-                    "log.format",
-                    "--log-format",
-                    other,
-                    "expected text or json",
-                ))
-            }
-        };
-        let log_level = flags
-            .log_level
-            .or(flog.level)
-            .unwrap_or_else(|| "info".into());
-        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&log_level) {
-            return Err(invalid(
-                "log.level",
-                "--log-level",
-                &log_level,
-                e.to_string(),
-            ));
-        }
-
-        let threads = match flags.threads.or(file.threads.as_ref().map(yaml_scalar)) {
-            None => 1,
-            Some(v) => match v.trim().parse::<usize>() {
-                Ok(n) if (1..=256).contains(&n) => n,
-                _ => {
-                    return Err(invalid(
-                        "threads",
-                        "--threads",
-                        &v,
-                        "expected a whole number from 1 to 256",
-                    ))
-                }
-            },
-        };
-        let decode_limit = match flags
-            .decode_limit
-            .or(file.decode_limit.as_ref().map(yaml_scalar))
-        {
-            None => crate::tap::DEFAULT_DECODE_LIMIT,
-            Some(v) => {
-                parse_size(&v).map_err(|r| invalid("decode_limit", "--decode-limit", &v, r))?
-            }
-        };
-
-        let fadmin = file.admin.unwrap_or_default();
-        let admin_address = flags
-            .admin
-            .or(fadmin.address)
-            .unwrap_or_else(|| crate::admin::DEFAULT_ADMIN.into());
-        let admin = if admin_address == "off" {
-            None
-        } else {
-            let address = endpoint("admin.address", "--admin", &admin_address)?;
-            let mut status = StatusSettings::default();
-            if let Some(v) = flags.stale_after.or(fadmin.stale_after) {
-                status.stale_after = parse_duration(&v)
-                    .map_err(|r| invalid("admin.stale_after", "--stale-after", &v, r))?;
-                if status.stale_after.is_zero() {
-                    return Err(invalid(
-                        "admin.stale_after",
-                        "--stale-after",
-                        &v,
-                        "must be greater than 0",
-                    ));
-                }
-            }
-            if let Some(v) = flags.forget_after.or(fadmin.forget_after) {
-                status.forget_after = parse_duration(&v)
-                    .map_err(|r| invalid("admin.forget_after", "--forget-after", &v, r))?;
-            }
-            if let Some(n) = fadmin.max_nodes {
-                if n == 0 {
-                    return Err(invalid(
-                        "admin.max_nodes",
-                        "config file",
-                        "0",
-                        "must be at least 1",
-                    ));
-                }
-                status.max_nodes = n;
-            }
-            Some(AdminSettings { address, status })
-        };
-        let spans = spans(
-            file.spans.unwrap_or_default(),
-            SpanFlags {
-                file: flags.spans_file,
-                endpoint: flags.otlp_endpoint,
-                protocol: flags.otlp_protocol,
-                grouping: flags.trace_grouping,
-                control_plane_id: flags.control_plane_id,
-            },
+        let matches = Flags::command().try_get_matches_from(
+            std::iter::once(std::ffi::OsString::from("xdstap"))
+                .chain(args.into_iter().map(Into::into)),
         )?;
+        Options::default().with_flags(&matches)
+    }
 
+    /// Validates everything into a [`Config`].
+    pub fn resolve(self) -> Result<Config, ConfigError> {
+        let listen = self.listen.ok_or_else(|| {
+            missing(
+                &["listen"],
+                "where clients connect, e.g. 127.0.0.1:15010 or unix:/var/run/xdstap.sock",
+            )
+        })?;
+        let upstream = self.upstream.ok_or_else(|| {
+            missing(
+                &["upstream"],
+                "the control plane, e.g. istiod.istio-system.svc:15010",
+            )
+        })?;
+        let (log_format, log_level) = self.log.resolve()?;
         Ok(Config {
             listen,
             upstream,
-            tls,
-            upstream_tls,
-            proxy: Settings {
-                stream_window,
-                connection_window,
-                max_frame_size,
-                shutdown_grace,
-                connect_timeout,
-                ..defaults
-            },
+            tls: self.tls.resolve()?,
+            upstream_tls: self.upstream_tls.resolve()?,
+            proxy: proxy_settings(&self.http2, self.shutdown_grace, self.connect_timeout)?,
             log_format,
             log_level,
-            decode_limit,
-            threads,
-            event_log: flags.event_log.or(file.event_log),
-            spans,
-            admin,
+            decode_limit: self.decode_limit.map_or(DEFAULT_DECODE_LIMIT, |s| s.0),
+            threads: threads(self.threads)?,
+            event_log: self.event_log,
+            event_queue: self.event_queue.map_or(DEFAULT_EVENT_QUEUE, |c| c.0),
+            spans: self.spans.resolve()?,
+            admin: self.admin.resolve()?,
         })
+    }
+}
+
+fn threads(n: Option<Count>) -> Result<usize, ConfigError> {
+    match n {
+        None => Ok(1),
+        Some(Count(n)) if n <= 256 => Ok(n),
+        Some(Count(n)) => Err(invalid(
+            "threads",
+            n,
+            "expected a whole number from 1 to 256",
+        )),
+    }
+}
+
+/// serde_norway says `http2.stream_window: "lots": expected ... at line 4 column 18`; this
+/// names the key's flag too, as every other option error does.
+fn name_the_key(message: &str) -> String {
+    match message.split_once(": ") {
+        Some((key, rest))
+            if !key.contains(' ') && option_name(key) != key && rest.starts_with('"') =>
+        {
+            format!("invalid {} {rest}", option_name(key))
+        }
+        _ => message.to_string(),
+    }
+}
+
+impl TlsOptions {
+    fn resolve(self) -> Result<Option<ServerTls>, ConfigError> {
+        match (self.cert, self.key) {
+            (Some(cert), Some(key)) => Ok(Some(ServerTls {
+                cert,
+                key,
+                client_ca: self.client_ca,
+            })),
+            (None, None) if self.client_ca.is_none() => Ok(None),
+            (None, None) => Err(missing(
+                &["tls.cert", "tls.key"],
+                "tls.client_ca requires the tap's own certificate and key",
+            )),
+            (Some(_), None) => Err(missing(
+                &["tls.key"],
+                "tls.cert was given without its private key",
+            )),
+            (None, Some(_)) => Err(missing(
+                &["tls.cert"],
+                "tls.key was given without its certificate",
+            )),
+        }
+    }
+}
+
+impl UpstreamTlsOptions {
+    fn from_section<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let section = Option::<UpstreamTlsOptions>::deserialize(d)?;
+        Ok(
+            section.map_or_else(Default::default, |s| UpstreamTlsOptions {
+                in_file: true,
+                ..s
+            }),
+        )
+    }
+
+    fn resolve(self) -> Result<Option<ClientTls>, ConfigError> {
+        let enabled = self.enabled.unwrap_or(self.in_file)
+            || self.ca.is_some()
+            || self.cert.is_some()
+            || self.sni.is_some();
+        if !enabled {
+            return Ok(None);
+        }
+        if self.cert.is_some() != self.key.is_some() {
+            return Err(missing(
+                &["upstream_tls.cert", "upstream_tls.key"],
+                "a client certificate needs both",
+            ));
+        }
+        Ok(Some(ClientTls {
+            ca: self.ca,
+            cert: self.cert,
+            key: self.key,
+            sni: self.sni,
+        }))
+    }
+}
+
+fn proxy_settings(
+    h2: &Http2Options,
+    shutdown_grace: Option<Duration>,
+    connect_timeout: Option<Duration>,
+) -> Result<Settings, ConfigError> {
+    let defaults = Settings::default();
+    let window = |id: &str, v: Option<Size>, default: u32, min: u32, max: u32| {
+        v.map_or(Ok(default), |s| s.within(id, min, max))
+    };
+    Ok(Settings {
+        stream_window: window(
+            "http2.stream_window",
+            h2.stream_window,
+            defaults.stream_window,
+            65_535,
+            (1 << 31) - 1,
+        )?,
+        connection_window: window(
+            "http2.connection_window",
+            h2.connection_window,
+            defaults.connection_window,
+            65_535,
+            (1 << 31) - 1,
+        )?,
+        max_frame_size: window(
+            "http2.max_frame_size",
+            h2.max_frame_size,
+            defaults.max_frame_size,
+            16_384,
+            (1 << 24) - 1,
+        )?,
+        shutdown_grace: shutdown_grace.map_or(defaults.shutdown_grace, |d| d.0),
+        connect_timeout: match connect_timeout {
+            Some(d) => d.positive("connect_timeout")?,
+            None => defaults.connect_timeout,
+        },
+        ..defaults
+    })
+}
+
+impl LogOptions {
+    fn resolve(self) -> Result<(LogFormat, String), ConfigError> {
+        let level = self.level.unwrap_or_else(|| "info".into());
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&level) {
+            return Err(invalid("log.level", &level, e.to_string()));
+        }
+        Ok((self.format.unwrap_or_default(), level))
     }
 }
 
@@ -614,171 +832,207 @@ fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
-/// Span settings: flags, then the file, then the standard OTEL_* variables. Off unless an
-/// endpoint is given somewhere; `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none` turn it
-/// off.
-/// Span settings from flags and the standard OTEL_* variables alone (for `xdstap demo`):
-/// `None` when no endpoint is given anywhere.
-pub fn spans_from_flags(
-    endpoint: Option<String>,
-    protocol: Option<String>,
-) -> Result<Option<SpanSettings>, ConfigError> {
-    spans(
-        FileSpans::default(),
-        SpanFlags {
-            file: None,
-            endpoint,
+impl SpanOptions {
+    /// Span settings: these options, then the standard OTEL_* variables. `None` unless an
+    /// endpoint or a file is given somewhere; `OTEL_SDK_DISABLED=true` or
+    /// `OTEL_TRACES_EXPORTER=none` turn the variables' endpoint off.
+    pub fn resolve(self) -> Result<Option<SpanSettings>, ConfigError> {
+        let from_env = env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .or_else(|| env("OTEL_EXPORTER_OTLP_ENDPOINT"));
+        let disabled = env("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"))
+            || env("OTEL_TRACES_EXPORTER").is_some_and(|v| v == "none");
+        if self.file.is_none() && self.endpoint.is_none() && (from_env.is_none() || disabled) {
+            return Ok(None);
+        }
+        if let Some(e) = &self.endpoint {
+            if !(e.starts_with("http://") || e.starts_with("https://")) {
+                return Err(invalid(
+                    "spans.endpoint",
+                    e,
+                    "expected a URL such as http://127.0.0.1:4317",
+                ));
+            }
+        }
+        let defaults = SpanSettings::default();
+        let protocol = match self.protocol {
+            Some(p) => p,
+            None => match env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                .or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"))
+            {
+                Some(p) => p.parse().map_err(|reason: String| ConfigError::Invalid {
+                    option: "OTEL_EXPORTER_OTLP_PROTOCOL (environment)".into(),
+                    value: p,
+                    reason,
+                })?,
+                None => defaults.protocol,
+            },
+        };
+        Ok(Some(SpanSettings {
+            endpoint: self.endpoint,
+            file: self.file,
             protocol,
-            grouping: None,
-            control_plane_id: None,
-        },
-    )
+            grouping: self.grouping.unwrap_or(defaults.grouping),
+            control_plane_id: self.control_plane_id.unwrap_or_default(),
+            queue: self.queue_size.map_or(defaults.queue, |c| c.0),
+            ..defaults
+        }))
+    }
 }
 
-struct SpanFlags {
-    file: Option<PathBuf>,
-    endpoint: Option<String>,
-    protocol: Option<String>,
-    grouping: Option<String>,
-    control_plane_id: Option<String>,
-}
-
-fn spans(file: FileSpans, flags: SpanFlags) -> Result<Option<SpanSettings>, ConfigError> {
-    let endpoint = flags.endpoint.or(file.endpoint);
-    let to_file = flags.file.or(file.file);
-    let from_env =
-        env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| env("OTEL_EXPORTER_OTLP_ENDPOINT"));
-    let disabled = env("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"))
-        || env("OTEL_TRACES_EXPORTER").is_some_and(|v| v == "none");
-    if to_file.is_none() && endpoint.is_none() && (from_env.is_none() || disabled) {
-        return Ok(None);
+impl AdminOptions {
+    fn resolve(self) -> Result<Option<AdminSettings>, ConfigError> {
+        let address = match self.address {
+            Some(AdminAddress::Off) => return Ok(None),
+            Some(AdminAddress::At(a)) => a,
+            None => DEFAULT_ADMIN.parse().expect("a valid default"),
+        };
+        let defaults = StatusSettings::default();
+        let status = StatusSettings {
+            stale_after: match self.stale_after {
+                Some(d) => d.positive("admin.stale_after")?,
+                None => defaults.stale_after,
+            },
+            forget_after: self.forget_after.map_or(defaults.forget_after, |d| d.0),
+            max_nodes: self.max_nodes.map_or(defaults.max_nodes, |c| c.0),
+        };
+        Ok(Some(AdminSettings { address, status }))
     }
-    if let Some(e) = &endpoint {
-        if !(e.starts_with("http://") || e.starts_with("https://")) {
-            return Err(invalid(
-                "spans.endpoint",
-                "--otlp-endpoint",
-                e,
-                "expected a URL such as http://127.0.0.1:4317",
-            ));
-        }
-    }
-    let mut settings = SpanSettings {
-        endpoint,
-        file: to_file,
-        ..Default::default()
-    };
-    if let Some(p) = flags.protocol.or(file.protocol) {
-        settings.protocol = p
-            .parse::<Protocol>()
-            .map_err(|r| invalid("spans.protocol", "--otlp-protocol", &p, r))?;
-    } else if let Some(p) =
-        env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL").or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"))
-    {
-        settings.protocol = p
-            .parse::<Protocol>()
-            .map_err(|r| invalid("OTEL_EXPORTER_OTLP_PROTOCOL", "environment", &p, r))?;
-    }
-    if let Some(g) = flags.grouping.or(file.grouping) {
-        settings.grouping = g
-            .parse::<Grouping>()
-            .map_err(|r| invalid("spans.grouping", "--trace-grouping", &g, r))?;
-    }
-    if let Some(id) = flags.control_plane_id.or(file.control_plane_id) {
-        settings.control_plane_id = id;
-    }
-    if let Some(q) = file.queue_size {
-        if q == 0 {
-            return Err(invalid(
-                "spans.queue_size",
-                "config file",
-                "0",
-                "must be at least 1",
-            ));
-        }
-        settings.queue = q;
-    }
-    Ok(Some(settings))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn flags(listen: &str, upstream: &str) -> Overrides {
-        Overrides {
-            listen: Some(listen.into()),
-            upstream: Some(upstream.into()),
-            ..Default::default()
-        }
+    fn yaml(text: &str) -> Options {
+        serde_norway::from_str(text).unwrap()
+    }
+
+    fn flags(args: &[&str]) -> Options {
+        Options::from_flags(args).unwrap()
     }
 
     #[test]
     fn flags_override_file() {
-        let file: FileConfig = serde_norway::from_str(
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(flatten)]
+            options: Options,
+        }
+        let file = yaml(
             "listen: 127.0.0.1:1\nupstream: 127.0.0.1:2\nhttp2:\n  stream_window: 1MiB\nshutdown_grace: 3s\n",
-        )
-        .unwrap();
-        let c = Config::resolve(file, flags("127.0.0.1:9", "unix:/tmp/cp.sock")).unwrap();
+        );
+        let matches = Flags::command()
+            .try_get_matches_from([
+                "x",
+                "--listen",
+                "127.0.0.1:9",
+                "--upstream",
+                "unix:/tmp/cp.sock",
+            ])
+            .unwrap();
+        let c = file.with_flags(&matches).unwrap().resolve().unwrap();
         assert_eq!(c.listen, Endpoint::Tcp("127.0.0.1:9".into()));
         assert_eq!(c.upstream, Endpoint::Unix("/tmp/cp.sock".into()));
         assert_eq!(c.proxy.stream_window, 1 << 20);
-        assert_eq!(c.proxy.shutdown_grace, Duration::from_secs(3));
+        assert_eq!(c.proxy.shutdown_grace, std::time::Duration::from_secs(3));
     }
 
     #[test]
     fn threads_default_to_one_and_are_checked() {
-        let c = Config::resolve(FileConfig::default(), flags("127.0.0.1:9", "127.0.0.1:10"));
-        assert_eq!(c.unwrap().threads, 1);
-        let file: FileConfig =
-            serde_norway::from_str("listen: 127.0.0.1:1\nupstream: 127.0.0.1:2\nthreads: 4\n")
-                .unwrap();
-        assert_eq!(
-            Config::resolve(file, Overrides::default()).unwrap().threads,
-            4
-        );
-        for bad in ["0", "two", "100000"] {
-            let mut f = flags("127.0.0.1:9", "127.0.0.1:10");
-            f.threads = Some(bad.into());
-            let e = Config::resolve(FileConfig::default(), f)
+        let c = flags(&["--listen", "127.0.0.1:9", "--upstream", "127.0.0.1:10"]);
+        assert_eq!(c.resolve().unwrap().threads, 1);
+        let file = yaml("listen: 127.0.0.1:1\nupstream: 127.0.0.1:2\nthreads: 4\n");
+        assert_eq!(file.resolve().unwrap().threads, 4);
+        for bad in ["0", "two"] {
+            let e = Options::from_flags(["--threads", bad])
                 .unwrap_err()
                 .to_string();
             assert!(e.contains("threads (--threads)") && e.contains(bad), "{e}");
         }
+        let e = flags(&[
+            "--listen",
+            "127.0.0.1:9",
+            "--upstream",
+            "127.0.0.1:10",
+            "--threads",
+            "100000",
+        ])
+        .resolve()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("threads (--threads)") && e.contains("100000"),
+            "{e}"
+        );
     }
 
     #[test]
     fn errors_name_the_option_and_value() {
-        let mut f = flags("127.0.0.1:9", "127.0.0.1:10");
-        f.stream_window = Some("12 parsecs".into());
-        let e = Config::resolve(FileConfig::default(), f)
+        let e = Options::from_flags(["--stream-window", "12 parsecs"])
             .unwrap_err()
             .to_string();
         assert!(
             e.contains("http2.stream_window (--stream-window)") && e.contains("12 parsecs"),
             "{e}"
         );
-        let e = Config::resolve(FileConfig::default(), flags("nowhere", "127.0.0.1:1"))
+        let e = Options::from_flags(["--listen", "nowhere"])
             .unwrap_err()
             .to_string();
         assert!(
             e.contains("listen (--listen)") && e.contains("\"nowhere\""),
             "{e}"
         );
-        let e = serde_norway::from_str::<FileConfig>("listn: x")
+        let e = serde_norway::from_str::<Options>("listn: x")
             .unwrap_err()
             .to_string();
         assert!(e.contains("listn"), "{e}");
+        let e = name_the_key(
+            &serde_norway::from_str::<Options>("http2:\n  max_frame_size: huge\n")
+                .unwrap_err()
+                .to_string(),
+        );
+        assert!(
+            e.starts_with("invalid http2.max_frame_size (--max-frame-size) \"huge\""),
+            "{e}"
+        );
+        let e = flags(&[
+            "--listen",
+            "127.0.0.1:9",
+            "--upstream",
+            "127.0.0.1:10",
+            "--tls-cert",
+            "c.pem",
+        ])
+        .resolve()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("tls.key (--tls-key)"), "{e}");
+    }
+
+    #[test]
+    fn upstream_tls_is_on_by_section_or_flag() {
+        let base = ["--listen", "127.0.0.1:9", "--upstream", "h:1"];
+        assert!(flags(&base).resolve().unwrap().upstream_tls.is_none());
+        let mut on = base.to_vec();
+        on.push("--upstream-tls");
+        assert!(flags(&on).resolve().unwrap().upstream_tls.is_some());
+        let mut sni = base.to_vec();
+        sni.extend(["--upstream-sni", "istiod"]);
+        assert!(flags(&sni).resolve().unwrap().upstream_tls.is_some());
     }
 
     #[test]
     fn parses_units() {
-        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
-        assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
-        assert!(parse_duration("7 days").is_err());
-        assert_eq!(parse_size("16MiB").unwrap(), 16 << 20);
-        assert_eq!(parse_size("65535").unwrap(), 65535);
-        assert!(parse_size("1TB").is_err());
+        let d = |s: &str| s.parse::<Duration>().map(|d| d.0);
+        assert_eq!(d("500ms").unwrap(), std::time::Duration::from_millis(500));
+        assert_eq!(d("2m").unwrap(), std::time::Duration::from_secs(120));
+        assert_eq!(d("7").unwrap(), std::time::Duration::from_secs(7));
+        assert!(d("7 days").is_err());
+        assert_eq!("16MiB".parse::<Size>().unwrap().0, 16 << 20);
+        assert_eq!("65535".parse::<Size>().unwrap().0, 65535);
+        assert!("1TB".parse::<Size>().is_err());
+        let o = yaml("decode_limit: 1024\nadmin:\n  address: \"off\"\n  stale_after: 5\n");
+        assert_eq!(o.decode_limit, Some(Size(1024)));
+        assert_eq!(o.admin.address, Some(AdminAddress::Off));
     }
 }

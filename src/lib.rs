@@ -5,8 +5,8 @@
 //! answers it.
 //!
 //! # Layout
-//! Along the data flow; each module imports only from those before it.
-//! - [`proxy`]: listen, dial upstream, forward streams frame by frame; knows no gRPC or xDS.
+//! Along the data flow:
+//! - [`proxy`]: listen, dial upstream, forward streams; knows HTTP/2 and nothing of gRPC or xDS.
 //! - [`grpc`]: gRPC message framing, streamed.
 //! - [`xds`]: method classification and the streaming decoder of the four xDS messages.
 //! - [`correlate`]: the pure state machine that pairs pushes with answers.
@@ -14,8 +14,18 @@
 //!   OTLP spans, the status board, Prometheus metrics.
 //! - [`tap`]: the proxy's observer: framing -> decode -> correlate -> queue, inline.
 //! - [`admin`]: the admin HTTP server (`/status`, `/metrics`, `/healthz`, `/readyz`).
-//! - [`config`], [`cli`]: settings and the command line; [`status`]: `xdstap status`.
-//! - [`demo`]: the embedded control plane and client of `xdstap demo`.
+//! - [`config`]: the options (flags and YAML keys, one definition) and their validation.
+//! - [`server`]: the assembly: a config and a listener become a running tap ([`run`]).
+//! - [`cli`]: the command line and `xdstap status`.
+//! - [`demo`]: `xdstap demo`: an embedded control plane, a real Envoy, the story.
+//!
+//! # One-way rules
+//! Checked by `tests/layout.rs`:
+//! - `proxy` imports nothing from `grpc`, `xds`, `correlate`, `tap` or `observe`.
+//! - `grpc`, `xds` and `correlate` use no tokio, no clock, and nothing from `observe`;
+//!   `correlate` imports only from `xds`.
+//! - Nothing imports from `tap`, `demo` or the binary except the assembly (`server`, and the
+//!   binary itself).
 #![forbid(unsafe_code)]
 
 pub mod admin;
@@ -26,6 +36,8 @@ pub mod demo;
 pub mod grpc;
 pub mod observe;
 pub mod proxy;
-pub mod status;
+pub mod server;
 pub mod tap;
 pub mod xds;
+
+pub use server::{run, Running, Server};

@@ -1,23 +1,19 @@
-//! The `xdstap` binary: parse the command line, set up logging, run. Exits 64 (EX_USAGE) on any
-//! bad flag, file or value, naming it.
+//! The `xdstap` binary: parse the command line, set up logging and the runtime, call the
+//! library. Exits 64 (EX_USAGE) on any bad flag, file or value, naming it.
 
 use std::process::ExitCode;
-use std::sync::Arc;
 
-use clap::Parser;
-use xdstap::cli::{Cli, Command};
-use xdstap::config::{Config, FileConfig, LogFormat};
-use xdstap::proxy::{Connector, Listener, Proxy};
-
-const EX_USAGE: u8 = 64;
-/// EX_UNAVAILABLE: the tap's admin server could not be asked.
-const EX_UNAVAILABLE: u8 = 69;
-/// Events waiting for the sinks before new ones are dropped (and counted).
-const EVENT_QUEUE: usize = 16_384;
+use clap::{ArgMatches, CommandFactory, FromArgMatches};
+use xdstap::cli::{Cli, Color, Command, EX_USAGE};
+use xdstap::config::{Config, LogFormat, Options};
+use xdstap::proxy::Listener;
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+    let parsed = Cli::command()
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m).map(|cli| (cli, m)));
+    let (cli, matches) = match parsed {
+        Ok(p) => p,
         Err(e) => {
             let _ = e.print();
             return if e.use_stderr() {
@@ -27,308 +23,124 @@ fn main() -> ExitCode {
             };
         }
     };
+    let flags = matches.subcommand().map(|(_, m)| m);
     match cli.command {
-        Command::CheckConfig(args) => {
-            let file = match FileConfig::load(&args.file) {
-                Ok(f) => f,
-                Err(e) => return usage_error(e),
-            };
-            match Config::resolve(file, args.options.overrides()).and_then(|c| {
-                check_tls(&c)?;
-                Ok(c)
-            }) {
-                Ok(c) => {
-                    println!(
-                        "{}: valid (listen {}, upstream {})",
-                        args.file.display(),
-                        c.listen,
-                        c.upstream
-                    );
-                    ExitCode::SUCCESS
-                }
-                Err(e) => usage_error(e),
-            }
-        }
-        Command::Demo(args) => {
-            use std::io::IsTerminal;
-            let color = match args.color.as_str() {
-                "always" => true,
-                "never" => false,
-                "auto" => std::io::stdout().is_terminal(),
-                other => {
-                    return usage_error(format!(
-                        "invalid --color {other:?}: expected auto, always or never"
-                    ))
-                }
-            };
-            init_logging(LogFormat::Text, "error");
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("xdstap: cannot start the runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            let client = match (args.client.as_str(), args.envoy) {
-                ("auto", Some(p)) | ("envoy", Some(p)) => {
-                    xdstap::demo::ClientChoice::Envoy(Some(p))
-                }
-                ("auto", None) => xdstap::demo::ClientChoice::Auto,
-                ("envoy", None) => xdstap::demo::ClientChoice::Envoy(None),
-                ("builtin", None) => xdstap::demo::ClientChoice::Builtin,
-                ("builtin", Some(_)) => {
-                    return usage_error("--envoy cannot be used with --client builtin")
-                }
-                (other, _) => {
-                    return usage_error(format!(
-                        "invalid --client {other:?}: expected auto, envoy or builtin"
-                    ))
-                }
-            };
-            let spans =
-                match xdstap::config::spans_from_flags(args.otlp_endpoint, args.otlp_protocol) {
-                    Ok(s) => s,
-                    Err(e) => return usage_error(e),
-                };
-            match runtime.block_on(xdstap::demo::run(xdstap::demo::DemoOptions {
-                json: args.json,
-                color,
-                client,
-                spans,
-            })) {
-                Ok(outcome) if outcome.ok => ExitCode::SUCCESS,
-                Ok(_) => ExitCode::FAILURE,
-                Err(e) => {
-                    eprintln!("xdstap demo: {e:#}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
-        Command::Status(args) => {
-            let wide = match args.output.as_str() {
-                "table" => false,
-                "wide" => true,
-                "json" => false,
-                other => {
-                    return usage_error(format!(
-                        "invalid --output {other:?}: expected table, wide or json"
-                    ))
-                }
-            };
-            match xdstap::status::fetch(&args.admin, args.node.as_deref()) {
-                Ok(report) => {
-                    if args.output == "json" {
-                        println!(
-                            "{}",
-                            serde_json::to_string_pretty(&report).unwrap_or_default()
-                        );
-                    } else {
-                        print!("{}", xdstap::status::render(&report, wide));
-                    }
-                    if xdstap::status::has_problems(&report) {
-                        ExitCode::from(1)
-                    } else {
-                        ExitCode::SUCCESS
-                    }
-                }
-                Err(xdstap::status::FetchError::Address(a, e)) => {
-                    usage_error(format!("invalid --admin {a:?}: {e}"))
-                }
-                Err(e) => {
-                    eprintln!("xdstap status: {e}");
-                    ExitCode::from(EX_UNAVAILABLE)
-                }
-            }
-        }
-        Command::Run(args) => {
-            let file = match args.config.as_deref().map(FileConfig::load).transpose() {
-                Ok(f) => f.unwrap_or_default(),
-                Err(e) => return usage_error(e),
-            };
-            let config = match Config::resolve(file, args.options.overrides()) {
-                Ok(c) => c,
-                Err(e) => return usage_error(e),
-            };
-            init_logging(config.log_format, &config.log_level);
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(config.threads)
-                .enable_all()
-                .build();
-            let runtime = match runtime {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("xdstap: cannot start the runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            match runtime.block_on(run(config)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(RunError::Usage(e)) => usage_error(e),
-                Err(RunError::Other(e)) => {
-                    tracing::error!("{e:#}");
-                    eprintln!("xdstap: {e:#}");
-                    ExitCode::FAILURE
-                }
-            }
-        }
+        Command::CheckConfig(args) => check_config(&args.file, flags),
+        Command::Run(args) => match config(args.config.as_deref(), flags) {
+            Ok(config) => run(config),
+            Err(code) => code,
+        },
+        Command::Demo(args) => demo(args),
+        Command::Status(args) => xdstap::cli::status::run(&args),
     }
 }
 
 fn usage_error(e: impl std::fmt::Display) -> ExitCode {
-    eprintln!("xdstap: {e}");
+    eprintln!("error: {e}");
     ExitCode::from(EX_USAGE)
 }
 
-enum RunError {
-    Usage(xdstap::config::ConfigError),
-    Other(anyhow::Error),
+/// The file's options (if any) with the flags given on top, validated.
+fn config(file: Option<&std::path::Path>, flags: Option<&ArgMatches>) -> Result<Config, ExitCode> {
+    let options = match file {
+        Some(f) => Options::from_file(f).map_err(usage_error)?,
+        None => Options::default(),
+    };
+    let options = match flags {
+        Some(m) => options.with_flags(m).map_err(usage_error)?,
+        None => options,
+    };
+    options.resolve().map_err(usage_error)
 }
 
-/// Builds the TLS pieces, so a bad certificate file is a usage error naming the option.
-fn check_tls(config: &Config) -> Result<TlsParts, xdstap::config::ConfigError> {
-    use xdstap::config::ConfigError;
-    let acceptor = match &config.tls {
-        Some(t) => Some(t.acceptor().map_err(|e| ConfigError::Invalid {
-            option: "tls (--tls-cert/--tls-key/--tls-client-ca)".into(),
-            value: t.cert.display().to_string(),
-            reason: e.to_string(),
-        })?),
-        None => None,
+fn check_config(file: &std::path::Path, flags: Option<&ArgMatches>) -> ExitCode {
+    let config = match config(Some(file), flags) {
+        Ok(c) => c,
+        Err(code) => return code,
     };
-    let connector =
-        match &config.upstream_tls {
-            Some(t) => Some(t.connector(config.upstream.host()).map_err(|e| {
-                ConfigError::Invalid {
-                    option:
-                        "upstream_tls (--upstream-ca/--upstream-cert/--upstream-key/--upstream-sni)"
-                            .into(),
-                    value: config.upstream.to_string(),
-                    reason: e.to_string(),
-                }
-            })?),
-            None => None,
-        };
-    Ok(TlsParts {
-        acceptor,
-        connector,
+    if let Err(e) = config.tls_acceptor().and(config.upstream_connector()) {
+        return usage_error(e);
+    }
+    println!(
+        "{}: valid (listen {}, upstream {})",
+        file.display(),
+        config.listen,
+        config.upstream
+    );
+    ExitCode::SUCCESS
+}
+
+fn runtime(threads: Option<usize>) -> Result<tokio::runtime::Runtime, ExitCode> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = threads {
+        builder.worker_threads(n);
+    }
+    builder.enable_all().build().map_err(|e| {
+        eprintln!("xdstap: cannot start the runtime: {e}");
+        ExitCode::FAILURE
     })
 }
 
-struct TlsParts {
-    acceptor: Option<tokio_rustls::TlsAcceptor>,
-    connector: Option<(
-        tokio_rustls::TlsConnector,
-        tokio_rustls::rustls::pki_types::ServerName<'static>,
-    )>,
+fn run(config: Config) -> ExitCode {
+    init_logging(config.log_format, &config.log_level);
+    let runtime = match runtime(Some(config.threads)) {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    runtime.block_on(async {
+        let listener = match Listener::bind(&config.listen).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!("cannot listen on {}: {e}", config.listen);
+                eprintln!("xdstap: cannot listen on {}: {e}", config.listen);
+                return ExitCode::FAILURE;
+            }
+        };
+        match xdstap::run(config, listener, shutdown_signal()).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) if e.is_usage() => usage_error(e),
+            Err(e) => {
+                tracing::error!("{e}");
+                eprintln!("xdstap: {e}");
+                ExitCode::FAILURE
+            }
+        }
+    })
 }
 
-async fn run(config: Config) -> Result<(), RunError> {
-    let tls = check_tls(&config).map_err(RunError::Usage)?;
-    let listener = Listener::bind(&config.listen, tls.acceptor)
-        .await
-        .map_err(|e| RunError::Other(anyhow::anyhow!("cannot listen on {}: {e}", config.listen)))?;
-    let mut sinks: Vec<Box<dyn xdstap::observe::Sink>> = Vec::new();
-    if let Some(path) = &config.event_log {
-        let log = xdstap::observe::eventlog::EventLog::open(path).map_err(|e| {
-            RunError::Usage(xdstap::config::ConfigError::Invalid {
-                option: "event_log (--event-log)".into(),
-                value: path.display().to_string(),
-                reason: e.to_string(),
-            })
-        })?;
-        sinks.push(Box::new(log));
+fn demo(args: xdstap::cli::DemoArgs) -> ExitCode {
+    use std::io::IsTerminal;
+    if args.client == xdstap::cli::Client::Builtin && args.envoy.is_some() {
+        return usage_error("--envoy cannot be used with --client builtin");
     }
-    let span_stats = Arc::new(xdstap::observe::spans::SpanStats::default());
-    let mut exporter = None;
-    if let Some(settings) = config.spans.clone() {
-        let endpoint = settings
-            .endpoint
-            .clone()
-            .unwrap_or_else(|| "OTEL_EXPORTER_OTLP_ENDPOINT".into());
-        let (sink, task) = xdstap::observe::spans::start(settings, span_stats.clone())
-            .map_err(|e| RunError::Other(e.into()))?;
-        tracing::info!(%endpoint, "Exporting spans");
-        sinks.push(Box::new(sink));
-        exporter = Some(task);
-    }
-    let status = xdstap::observe::status::StatusBoard::new(
-        config
-            .admin
-            .as_ref()
-            .map(|a| a.status.clone())
-            .unwrap_or_default(),
-    );
-    sinks.push(Box::new(status.clone()));
-    // Bind the admin server before anything is forwarded, so a bad address fails the start.
-    let admin_listener = match &config.admin {
-        Some(a) => Some(
-            xdstap::admin::AdminListener::bind(&a.address)
-                .await
-                .map_err(|e| {
-                    RunError::Other(anyhow::anyhow!(
-                        "cannot listen on admin address {} (--admin): {e}",
-                        a.address
-                    ))
-                })?,
-        ),
-        None => None,
+    let spans = match args.spans.resolve() {
+        Ok(s) => s,
+        Err(e) => return usage_error(e),
     };
-    // The metrics read the pipeline's counters, which exist once it starts; the sink that
-    // counts pushes joins the sinks through a handle filled in below.
-    let pushes = xdstap::observe::metrics::PushSlot::default();
-    sinks.push(Box::new(pushes.clone()));
-    let pipeline = xdstap::tap::Pipeline::start(
-        xdstap::tap::PipelineOptions {
-            queue_capacity: EVENT_QUEUE,
-            decode_limit: config.decode_limit,
-            recorded_events: 0,
+    init_logging(LogFormat::Text, "error");
+    let options = xdstap::demo::DemoOptions {
+        json: args.json,
+        color: match args.color {
+            Color::Always => true,
+            Color::Never => false,
+            Color::Auto => std::io::stdout().is_terminal(),
         },
-        sinks,
-    );
-    let observer: Arc<dyn xdstap::proxy::Observe> = pipeline.tap.clone();
-    let proxy = Proxy::new(
-        listener,
-        Connector::new(config.upstream.clone(), tls.connector),
-        config.proxy.clone(),
-        observer,
-    );
-    let (registry, push_metrics) =
-        xdstap::observe::metrics::registry(xdstap::observe::metrics::Sources {
-            proxy: proxy.stats(),
-            tap: pipeline.stats.clone(),
-            spans: span_stats.clone(),
-            status: status.clone(),
-        });
-    pushes.fill(push_metrics);
-    let admin_task = admin_listener.map(|l| {
-        tracing::info!(admin = %l.local_addr(), "Admin server listening (/status /metrics /healthz /readyz)");
-        tokio::spawn(xdstap::admin::serve(
-            l,
-            Arc::new(xdstap::admin::Admin {
-                status: status.clone(),
-                registry,
-                upstream: config.upstream.clone(),
-            }),
-        ))
-    });
-    tracing::info!(listen = %proxy.local_addr(), upstream = %config.upstream, "Listening");
-    proxy.serve(shutdown_signal()).await;
-    pipeline.close().await;
-    if let Some(t) = admin_task {
-        t.abort();
-    }
-    if let Some(task) = exporter {
-        if tokio::time::timeout(std::time::Duration::from_secs(15), task)
-            .await
-            .is_err()
-        {
-            tracing::warn!("span export did not finish flushing within 15s");
+        client: args.client,
+        envoy: args.envoy,
+        spans,
+    };
+    let runtime = match runtime(None) {
+        Ok(r) => r,
+        Err(code) => return code,
+    };
+    match runtime.block_on(xdstap::demo::run(options)) {
+        Ok(outcome) if outcome.ok => ExitCode::SUCCESS,
+        Ok(_) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("xdstap demo: {e:#}");
+            ExitCode::FAILURE
         }
     }
-    Ok(())
 }
 
 async fn shutdown_signal() {

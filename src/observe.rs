@@ -2,20 +2,28 @@
 //! never waits; a full queue drops and counts), drained by one task into the sinks. Sinks here:
 //! one log line per verdict, and a recorder the status view and tests read.
 
+pub mod board;
 pub mod eventlog;
 pub mod metrics;
 pub mod record;
 pub mod spans;
-pub mod status;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::mpsc;
 
-use crate::correlate::{Event, Verdict};
+use crate::correlate::{Event, Timestamp, Verdict};
 use crate::xds::short_type;
+
+/// Wall-clock now, for event timestamps and the views' ages.
+pub fn now() -> Timestamp {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
 
 /// Counters of the observing side.
 #[derive(Debug, Default)]

@@ -203,18 +203,19 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Builds a proxy on a bound listener.
+    /// Builds a proxy on a bound listener, counting into `stats`.
     pub fn new(
         listener: Listener,
         connector: Connector,
         settings: Settings,
         observer: Arc<dyn Observe>,
+        stats: Arc<ProxyStats>,
     ) -> Self {
         let shared = Arc::new(Shared {
             settings,
             connector: Arc::new(connector),
             observer,
-            stats: Arc::new(ProxyStats::default()),
+            stats,
             next_stream: AtomicU64::new(1),
         });
         Proxy { listener, shared }
@@ -272,6 +273,15 @@ impl Proxy {
             );
             connections.shutdown().await;
         }
+    }
+}
+
+/// Decrements a gauge when dropped, so every exit path counts.
+struct Decrement<'a>(&'a AtomicU64);
+
+impl Drop for Decrement<'_> {
+    fn drop(&mut self) {
+        ProxyStats::sub(self.0, 1);
     }
 }
 

@@ -4,21 +4,17 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::HeaderMap;
 
-use crate::correlate::{Correlator, Event, StreamContext, Timestamp};
+use crate::correlate::{Correlator, Event, StreamContext};
 use crate::grpc::{Deframer, Event as Frame};
-use crate::observe::{EventSender, TapStats};
+use crate::observe::{now, EventSender, TapStats};
 use crate::proxy::{Direction, Observe, Side, StreamEnd, StreamInfo, StreamObserver};
 use crate::xds::decode::{DecodeError, MessageDecoder};
 use crate::xds::scan::Kind;
 use crate::xds::{Message, Method};
-
-/// Default largest message decoded (bigger ones are forwarded and counted): 256 MiB.
-pub const DEFAULT_DECODE_LIMIT: u64 = 256 << 20;
 
 /// The xDS observer.
 pub struct Tap {
@@ -36,13 +32,6 @@ impl Tap {
             decode_limit,
         }
     }
-}
-
-/// Wall-clock now, for event timestamps.
-pub fn now() -> Timestamp {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
 }
 
 impl Observe for Tap {
@@ -323,39 +312,18 @@ impl XdsStream {
             self.grpc_status = Some(s);
         }
         if let Some(m) = headers.get("grpc-message").and_then(|v| v.to_str().ok()) {
-            self.grpc_message = Some(percent_decode(m));
+            // grpc-message is percent-encoded (gRPC over HTTP/2, "Responses").
+            let decoded = percent_encoding::percent_decode_str(m).decode_utf8_lossy();
+            self.grpc_message = Some(decoded.into_owned());
         }
     }
 }
 
-/// Decodes a percent-encoded grpc-message.
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                out.push(b);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// A running observation pipeline: the observer to give the proxy, its counters, and the
-/// recorder of recent events.
+/// A running observation pipeline: the observer to give the proxy, and the task that drains
+/// its queue into the sinks.
 pub struct Pipeline {
     /// The observer for [`crate::proxy::Proxy::new`].
     pub tap: Arc<Tap>,
-    /// Counters.
-    pub stats: Arc<TapStats>,
-    /// The last events, for the status view and tests.
-    pub recorder: crate::observe::Recorder,
     stop: tokio::sync::oneshot::Sender<()>,
     drain: tokio::task::JoinHandle<()>,
 }
@@ -365,40 +333,25 @@ pub struct Pipeline {
 pub struct PipelineOptions {
     /// Events waiting for the sinks before new ones are dropped and counted.
     pub queue_capacity: usize,
-    /// Largest message decoded.
+    /// Largest message decoded, bytes.
     pub decode_limit: u64,
-    /// How many recent events the recorder keeps (0: no recorder). Each holds its push's
-    /// resource names, so keep this small outside tests and the demo.
-    pub recorded_events: usize,
-}
-
-impl Default for PipelineOptions {
-    fn default() -> Self {
-        PipelineOptions {
-            queue_capacity: 16_384,
-            decode_limit: DEFAULT_DECODE_LIMIT,
-            recorded_events: 0,
-        }
-    }
 }
 
 impl Pipeline {
-    /// Starts the queue-draining task (log lines, recorder, and `sinks`) on the current runtime.
-    pub fn start(options: PipelineOptions, sinks: Vec<Box<dyn crate::observe::Sink>>) -> Pipeline {
-        let stats = Arc::new(TapStats::default());
+    /// Starts the queue-draining task (log lines, then `sinks`) on the current runtime,
+    /// counting into `stats`.
+    pub fn start(
+        options: PipelineOptions,
+        stats: Arc<TapStats>,
+        sinks: Vec<Box<dyn crate::observe::Sink>>,
+    ) -> Pipeline {
         let (events, rx) = crate::observe::queue(options.queue_capacity, stats.clone());
-        let recorder = crate::observe::Recorder::new(options.recorded_events);
         let mut all: Vec<Box<dyn crate::observe::Sink>> = vec![Box::new(crate::observe::LogSink)];
-        if options.recorded_events > 0 {
-            all.push(Box::new(recorder.clone()));
-        }
         all.extend(sinks);
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let drain = tokio::spawn(crate::observe::drain(rx, all, stopped));
         Pipeline {
-            tap: Arc::new(Tap::new(events, stats.clone(), options.decode_limit)),
-            stats,
-            recorder,
+            tap: Arc::new(Tap::new(events, stats, options.decode_limit)),
             stop,
             drain,
         }

@@ -133,7 +133,7 @@ async fn a_length_prefix_claiming_4_gib_is_forwarded_and_counted_at_once() {
     let echoed = ads_exchange(&tap, &[], Bytes::from(wire.clone())).await;
     assert_eq!(echoed, wire, "forwarded byte for byte");
     assert_eq!(
-        TapStats::get(&tap.pipeline.stats.decode_too_large),
+        TapStats::get(&tap.stats.decode_too_large),
         2,
         "the request and its echo, each counted as its prefix passed"
     );
@@ -147,7 +147,7 @@ async fn invalid_protobuf_and_an_unknown_encoding_are_forwarded_and_counted() {
     let bad = grpc(0, &[0x0a, 100, 1, 2, 3]);
     assert_eq!(ads_exchange(&tap, &[], bad.clone()).await, bad.to_vec());
     assert_eq!(
-        TapStats::get(&tap.pipeline.stats.decode_invalid),
+        TapStats::get(&tap.stats.decode_invalid),
         2,
         "request and echoed response"
     );
@@ -155,8 +155,8 @@ async fn invalid_protobuf_and_an_unknown_encoding_are_forwarded_and_counted() {
     let snappy = grpc(1, b"\x00\x01\x02snappy-bytes");
     let echoed = ads_exchange(&tap, &[("grpc-encoding", "snappy")], snappy.clone()).await;
     assert_eq!(echoed, snappy.to_vec());
-    assert!(TapStats::get(&tap.pipeline.stats.decode_encoding) >= 1);
-    assert_eq!(TapStats::get(&tap.pipeline.stats.decoded), 0);
+    assert!(TapStats::get(&tap.stats.decode_encoding) >= 1);
+    assert_eq!(TapStats::get(&tap.stats.decoded), 0);
     healthy(&tap).await;
 }
 

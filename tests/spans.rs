@@ -284,8 +284,8 @@ async fn a_dead_backend_costs_spans_not_forwarding() {
         .count();
     assert!(acks > pushes as usize, "{acks} acks");
     drop(envoy);
-    let recorder = tap.pipeline.recorder.clone();
-    tap.pipeline.close().await;
+    let recorder = tap.recorder.clone();
+    tap.close().await;
     // Every verdict, including the pushes left unanswered when Envoy went away, made a span.
     let spans = recorder
         .events()
@@ -431,8 +431,8 @@ async fn shutdown_flushes_waiting_spans() {
         receiver.spans().is_empty(),
         "nothing exported before shutdown"
     );
-    let recorder = tap.pipeline.recorder.clone();
-    tap.pipeline.close().await;
+    let recorder = tap.recorder.clone();
+    tap.close().await;
     tokio::time::timeout(Duration::from_secs(20), export)
         .await
         .unwrap()

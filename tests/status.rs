@@ -5,61 +5,46 @@
 mod support;
 
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
 
 use support::control_plane::ControlPlane;
 use support::envoy::{Envoy, Xds};
 use support::resources::{Snapshot, CDS};
-use support::tap::{TapOptions, XdsTap};
-use xdstap::observe::metrics::{PushSlot, Sources};
-use xdstap::observe::status::{StatusBoard, StatusReport, StatusSettings, SyncState};
-use xdstap::proxy::Endpoint;
+use support::tap::XdsTap;
+use xdstap::config::Options;
+use xdstap::observe::board::{StatusReport, StatusSettings, SyncState};
 
-/// The tap with the status board, metrics and an admin server on a loopback port.
+/// The tap as `xdstap run` assembles it, its admin server on a loopback port.
 struct Monitored {
     tap: XdsTap,
     admin: String,
-    _server: tokio::task::JoinHandle<()>,
 }
 
 async fn monitored(upstream: &str, settings: StatusSettings) -> Monitored {
-    let status = StatusBoard::new(settings);
-    let pushes = PushSlot::default();
-    let tap = XdsTap::with_sinks(
-        TapOptions::new(upstream),
-        vec![Box::new(status.clone()), Box::new(pushes.clone())],
-    )
-    .await;
-    let (registry, metrics) = xdstap::observe::metrics::registry(Sources {
-        proxy: tap.tap.stats.clone(),
-        tap: tap.pipeline.stats.clone(),
-        spans: Arc::default(),
-        status: status.clone(),
-    });
-    pushes.fill(metrics);
-    let listener = xdstap::admin::AdminListener::bind(&Endpoint::Tcp("127.0.0.1:0".into()))
-        .await
-        .unwrap();
-    let admin = listener.local_addr();
-    let server = tokio::spawn(xdstap::admin::serve(
-        listener,
-        Arc::new(xdstap::admin::Admin {
-            status,
-            registry,
-            upstream: upstream.parse().unwrap(),
-        }),
-    ));
+    let mut config = Options::from_flags([
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        upstream,
+        "--admin",
+        "127.0.0.1:0",
+        "--event-queue",
+        "65536",
+    ])
+    .unwrap()
+    .resolve()
+    .unwrap();
+    config.admin.as_mut().unwrap().status = settings;
+    let tap = XdsTap::with_config(config, vec![]).await;
     Monitored {
+        admin: tap.admin.clone(),
         tap,
-        admin,
-        _server: server,
     }
 }
 
 async fn report(admin: &str) -> StatusReport {
     let admin = admin.to_string();
-    tokio::task::spawn_blocking(move || xdstap::status::fetch(&admin, None).unwrap())
+    tokio::task::spawn_blocking(move || xdstap::cli::status::fetch(&admin, None).unwrap())
         .await
         .unwrap()
 }
@@ -98,7 +83,7 @@ async fn wait_report(admin: &str, what: &str, f: impl Fn(&StatusReport) -> bool)
         if std::time::Instant::now() > deadline {
             panic!(
                 "status never showed {what}:\n{}",
-                xdstap::status::render(&r, true)
+                xdstap::cli::status::render(&r, true)
             );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

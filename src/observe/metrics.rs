@@ -13,8 +13,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
+use super::board::{StatusBoard, SyncState};
 use super::spans::SpanStats;
-use super::status::{StatusBoard, SyncState};
 use super::{Sink, TapStats};
 use crate::correlate::Event;
 use crate::proxy::ProxyStats;
@@ -67,27 +67,6 @@ impl PushMetrics {
             self.latency
                 .get_or_create(&labels)
                 .observe(decided_at.saturating_sub(push.at) as f64 / 1e9);
-        }
-    }
-}
-
-/// A [`PushMetrics`] sink that exists before the registry does (the registry's collector
-/// needs counters that exist only once the pipeline runs). Events before `fill` are not counted;
-/// `fill` is called before anything is forwarded.
-#[derive(Clone, Default)]
-pub struct PushSlot(Arc<std::sync::OnceLock<PushMetrics>>);
-
-impl PushSlot {
-    /// Sets the metrics to feed.
-    pub fn fill(&self, m: PushMetrics) {
-        let _ = self.0.set(m);
-    }
-}
-
-impl Sink for PushSlot {
-    fn on_event(&mut self, event: &Event) {
-        if let Some(m) = self.0.get() {
-            m.record(event);
         }
     }
 }
@@ -270,7 +249,7 @@ impl prometheus_client::collector::Collector for Sources {
             "Failed or timed-out OTLP export calls.",
             &[(&[], read(&s.export_errors))],
         )?;
-        let counts = self.status.counts(crate::tap::now());
+        let counts = self.status.counts(super::now());
         let states = [
             SyncState::Synced,
             SyncState::Pending,

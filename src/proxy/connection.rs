@@ -12,7 +12,7 @@ use tokio_rustls::TlsAcceptor;
 use super::batch::Gate;
 use super::listen::Io;
 use super::upstream::UpstreamConn;
-use super::{stream, ProxyStats, Shared};
+use super::{stream, Decrement, ProxyStats, Shared};
 
 pub(super) async fn serve(
     io: Io,
@@ -102,14 +102,5 @@ pub(super) async fn serve(
                 tracing::info!(conn = conn_id, %peer, streams, error = %e, "Connection closed");
             }
         }
-    }
-}
-
-/// Decrements a gauge when dropped, so every exit path counts.
-pub(super) struct Decrement<'a>(pub &'a std::sync::atomic::AtomicU64);
-
-impl Drop for Decrement<'_> {
-    fn drop(&mut self) {
-        ProxyStats::sub(self.0, 1);
     }
 }

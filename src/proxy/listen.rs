@@ -3,7 +3,7 @@
 
 use std::fmt;
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -77,7 +77,9 @@ impl fmt::Display for Endpoint {
 
 enum Socket {
     Tcp(TcpListener),
-    Unix(UnixListener, PathBuf),
+    /// The listener, its path, and the (device, inode) of the socket file it created, so that
+    /// only that file is ever removed.
+    Unix(UnixListener, PathBuf, (u64, u64)),
 }
 
 /// A bound listening socket, with TLS if configured.
@@ -87,24 +89,32 @@ pub struct Listener {
 }
 
 impl Listener {
-    /// Binds `endpoint`. A stale Unix socket file left by an earlier run is replaced; any other
-    /// file at that path is an error.
-    pub async fn bind(endpoint: &Endpoint, tls: Option<TlsAcceptor>) -> io::Result<Self> {
+    /// Binds `endpoint`, plaintext until [`Listener::with_tls`]. A Unix socket file that nobody
+    /// listens on any more (left by an earlier run) is replaced; a live socket or any other
+    /// file at that path is an error, and is left as it is.
+    pub async fn bind(endpoint: &Endpoint) -> io::Result<Self> {
         let socket = match endpoint {
             Endpoint::Tcp(addr) => Socket::Tcp(TcpListener::bind(addr.as_str()).await?),
             Endpoint::Unix(path) => {
                 remove_stale_socket(path)?;
-                Socket::Unix(UnixListener::bind(path)?, path.clone())
+                let listener = UnixListener::bind(path)?;
+                Socket::Unix(listener, path.clone(), file_id(path)?)
             }
         };
-        Ok(Listener { socket, tls })
+        Ok(Listener { socket, tls: None })
+    }
+
+    /// Accepts TLS on this listener when `tls` is given.
+    pub fn with_tls(mut self, tls: Option<TlsAcceptor>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// The bound address, with the real port when bound to port 0.
     pub fn local_addr(&self) -> String {
         match &self.socket {
             Socket::Tcp(l) => l.local_addr().map(|a| a.to_string()).unwrap_or_default(),
-            Socket::Unix(_, path) => format!("unix:{}", path.display()),
+            Socket::Unix(_, path, _) => format!("unix:{}", path.display()),
         }
     }
 
@@ -123,7 +133,7 @@ impl Listener {
                 let (io, gate) = super::batch::wrap(stream);
                 Ok((io, gate, peer.to_string()))
             }
-            Socket::Unix(l, path) => {
+            Socket::Unix(l, path, _) => {
                 let (stream, _) = l.accept().await?;
                 let (io, gate) = super::batch::wrap(stream);
                 Ok((io, gate, format!("unix:{}", path.display())))
@@ -134,21 +144,45 @@ impl Listener {
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        if let Socket::Unix(_, path) = &self.socket {
-            let _ = std::fs::remove_file(path);
+        // Only the socket file this listener created: not one that replaced it since.
+        if let Socket::Unix(_, path, id) = &self.socket {
+            if file_id(path).is_ok_and(|now| now == *id) {
+                let _ = std::fs::remove_file(path);
+            }
         }
     }
 }
 
-fn remove_stale_socket(path: &std::path::Path) -> io::Result<()> {
+fn file_id(path: &Path) -> io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(path)?;
+    Ok((meta.dev(), meta.ino()))
+}
+
+/// Removes a socket file nobody listens on; refuses, naming the path, when the file is not a
+/// socket or a process still accepts on it.
+fn remove_stale_socket(path: &Path) -> io::Result<()> {
     use std::os::unix::fs::FileTypeExt;
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path),
-        Ok(_) => Err(io::Error::new(
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(io::Error::new(
             io::ErrorKind::AlreadyExists,
-            format!("{} exists and is not a socket", path.display()),
+            format!(
+                "{} exists and is not a socket; not touching it",
+                path.display()
+            ),
+        ));
+    }
+    match std::os::unix::net::UnixStream::connect(path) {
+        Ok(_) => Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!("another process listens on {}", path.display()),
         )),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => std::fs::remove_file(path),
         Err(e) => Err(e),
     }
 }

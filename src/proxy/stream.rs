@@ -21,10 +21,10 @@ use h2::server::SendResponse;
 use h2::{Reason, RecvStream, SendStream};
 use http::{HeaderMap, HeaderValue, Request, Response};
 
-use super::connection::Decrement;
 use super::upstream::UpstreamConn;
 use super::{
-    strip_hop_by_hop, Direction, ProxyStats, Shared, Side, StreamEnd, StreamInfo, StreamObserver,
+    strip_hop_by_hop, Decrement, Direction, ProxyStats, Shared, Side, StreamEnd, StreamInfo,
+    StreamObserver,
 };
 
 type Observer = Mutex<Box<dyn StreamObserver>>;
@@ -452,7 +452,10 @@ fn fail_downstream(
 fn unavailable_trailers(message: &str) -> HeaderMap {
     let mut trailers = HeaderMap::new();
     trailers.insert("grpc-status", HeaderValue::from_static("14"));
-    if let Ok(value) = HeaderValue::from_str(&percent_encode(message)) {
+    // grpc-message is percent-encoded: bytes outside printable ASCII, and '%' itself.
+    const GRPC_MESSAGE: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b'%');
+    let encoded = percent_encoding::utf8_percent_encode(message, GRPC_MESSAGE).to_string();
+    if let Ok(value) = HeaderValue::from_str(&encoded) {
         trailers.insert("grpc-message", value);
     }
     trailers
@@ -478,23 +481,11 @@ fn reply_unavailable(respond: &mut SendResponse<Bytes>, is_grpc: bool, message: 
     }
 }
 
-/// Percent-encodes a grpc-message value: bytes outside printable ASCII, and `%` itself.
-fn percent_encode(message: &str) -> String {
-    let mut out = String::with_capacity(message.len());
-    for b in message.bytes() {
-        if (0x20..0x7f).contains(&b) && b != b'%' {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
     fn grpc_message_is_percent_encoded() {
-        assert_eq!(super::percent_encode("a b%ç"), "a b%25%C3%A7");
+        let t = super::unavailable_trailers("a b%ç");
+        assert_eq!(t["grpc-message"], "a b%25%C3%A7");
     }
 }

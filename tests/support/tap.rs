@@ -2,6 +2,9 @@
 
 use std::sync::Arc;
 
+use xdstap::config::Options;
+use xdstap::observe::board::StatusBoard;
+use xdstap::observe::{Recorder, TapStats};
 use xdstap::proxy::{
     ClientTls, Connector, Endpoint, Listener, NoObserver, Observe, Proxy, ProxyStats, ServerTls,
     Settings,
@@ -43,7 +46,7 @@ impl Tap {
 
     pub async fn with(o: TapOptions) -> Tap {
         let acceptor = o.tls.map(|t| t.acceptor().unwrap());
-        let listener = Listener::bind(&o.listen, acceptor).await.unwrap();
+        let listener = Listener::bind(&o.listen).await.unwrap().with_tls(acceptor);
         let tls = o
             .upstream_tls
             .map(|t| t.connector(o.upstream.host()).unwrap());
@@ -52,6 +55,7 @@ impl Tap {
             Connector::new(o.upstream, tls),
             o.settings,
             o.observer,
+            Arc::default(),
         );
         let addr = proxy.local_addr();
         let stats = proxy.stats();
@@ -90,10 +94,18 @@ pub fn get(counter: &std::sync::atomic::AtomicU64) -> u64 {
     ProxyStats::get(counter)
 }
 
-/// A tap with the full xDS pipeline; verdicts are read from its recorder.
+/// The tap as `xdstap run` assembles it (the library's [`xdstap::Server`]), with its admin
+/// server on a loopback port; verdicts are read from a recorder.
 pub struct XdsTap {
     pub tap: Tap,
-    pub pipeline: xdstap::tap::Pipeline,
+    /// The observer's counters.
+    pub stats: Arc<TapStats>,
+    /// Every event, for the test to read.
+    pub recorder: Recorder,
+    /// The admin server's address.
+    pub admin: String,
+    /// The live status board.
+    pub status: StatusBoard,
 }
 
 impl XdsTap {
@@ -101,34 +113,82 @@ impl XdsTap {
         XdsTap::with_sinks(options, vec![]).await
     }
 
-    /// A tap whose events also go to `sinks` (spans, status, ...).
+    /// A tap whose events also go to `sinks` (spans, ...).
     pub async fn with_sinks(
-        mut options: TapOptions,
+        options: TapOptions,
         sinks: Vec<Box<dyn xdstap::observe::Sink>>,
     ) -> XdsTap {
-        let pipeline = xdstap::tap::Pipeline::start(
-            xdstap::tap::PipelineOptions {
-                queue_capacity: 65_536,
-                recorded_events: 100_000,
-                ..Default::default()
-            },
-            sinks,
+        let mut config = Options::from_flags([
+            "--listen",
+            &options.listen.to_string(),
+            "--upstream",
+            &options.upstream.to_string(),
+            "--admin",
+            "127.0.0.1:0",
+            "--event-queue",
+            "65536",
+        ])
+        .unwrap()
+        .resolve()
+        .unwrap();
+        config.tls = options.tls;
+        config.upstream_tls = options.upstream_tls;
+        config.proxy = options.settings;
+        XdsTap::with_config(config, sinks).await
+    }
+
+    /// A tap for `config` (listening where it says), its events also going to `sinks`.
+    pub async fn with_config(
+        config: xdstap::config::Config,
+        sinks: Vec<Box<dyn xdstap::observe::Sink>>,
+    ) -> XdsTap {
+        let recorder = Recorder::new(100_000);
+        let listener = Listener::bind(&config.listen).await.unwrap();
+        let mut server = xdstap::Server::new(config).with_sink(Box::new(recorder.clone()));
+        for sink in sinks {
+            server = server.with_sink(sink);
+        }
+        if let Some(dir) = std::env::var_os("XDSTAP_FUZZ_SEEDS") {
+            server = server.wrap_observer(move |inner| {
+                Arc::new(Capture {
+                    inner,
+                    dir: dir.into(),
+                })
+            });
+        }
+        let running = server.start(listener).await.unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (addr, proxy_stats) = (running.local_addr(), running.proxy_stats());
+        let (stats, admin, status) = (
+            running.tap_stats(),
+            running.admin_addr().unwrap_or_default().to_string(),
+            running.status(),
         );
-        options.observer = match std::env::var_os("XDSTAP_FUZZ_SEEDS") {
-            Some(dir) => Arc::new(Capture {
-                inner: pipeline.tap.clone(),
-                dir: dir.into(),
-            }),
-            None => pipeline.tap.clone(),
-        };
+        let task = tokio::spawn(running.serve(async {
+            let _ = stopped.await;
+        }));
         XdsTap {
-            tap: Tap::with(options).await,
-            pipeline,
+            tap: Tap {
+                addr,
+                stats: proxy_stats,
+                stop: Some(stop),
+                task: Some(task),
+            },
+            stats,
+            recorder,
+            admin,
+            status,
         }
     }
 
+    /// Stops the tap: open streams get the grace period, every event reaches the sinks, spans
+    /// are flushed.
+    pub async fn close(self) {
+        self.tap.shutdown().await;
+    }
+
     pub fn events(&self) -> Vec<xdstap::correlate::Event> {
-        self.pipeline.recorder.events()
+        self.recorder.events()
     }
 
     /// (node, short type, nonce, verdict) of every verdict so far.
@@ -172,7 +232,7 @@ pub struct Verdict {
 /// written to DIR as fuzz seeds: `DIR/framer/*` (each direction's raw body) and
 /// `DIR/decode/*` (each message, prefixed as the decode target reads it). See scripts/fuzz.
 struct Capture {
-    inner: Arc<xdstap::tap::Tap>,
+    inner: Arc<dyn Observe>,
     dir: std::path::PathBuf,
 }
 

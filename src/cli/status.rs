@@ -4,10 +4,37 @@
 //! could not be asked.
 
 use std::io::{Read, Write};
+use std::process::ExitCode;
 use std::time::Duration;
 
-use crate::observe::status::{worst, NodeStatus, StatusReport, SyncState, TypeStatus};
+use super::{Output, StatusArgs, EX_UNAVAILABLE, EX_USAGE};
+use crate::observe::board::{worst, NodeStatus, StatusReport, SyncState, TypeStatus};
 use crate::proxy::Endpoint;
+
+/// `xdstap status`: fetch, print, and say by the exit status whether anything needs attention.
+pub fn run(args: &StatusArgs) -> ExitCode {
+    match fetch(&args.admin, args.node.as_deref()) {
+        Ok(report) => {
+            match args.output {
+                Output::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).unwrap_or_default()
+                ),
+                Output::Table => print!("{}", render(&report, false)),
+                Output::Wide => print!("{}", render(&report, true)),
+            }
+            ExitCode::from(u8::from(has_problems(&report)))
+        }
+        Err(e @ FetchError::Address(..)) => {
+            eprintln!("error: {e}");
+            ExitCode::from(EX_USAGE)
+        }
+        Err(e) => {
+            eprintln!("xdstap status: {e}");
+            ExitCode::from(EX_UNAVAILABLE)
+        }
+    }
+}
 
 /// Why the status could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -26,17 +53,14 @@ pub enum FetchError {
     NoSuchNode(String, String),
 }
 
+/// A query value: everything but RFC 3986's unreserved characters percent-encoded.
 fn query_value(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                out.push(b as char)
-            }
-            _ => out.push_str(&format!("%{b:02X}")),
-        }
-    }
-    out
+    const VALUE: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    percent_encoding::utf8_percent_encode(s, VALUE).to_string()
 }
 
 /// GETs `/status` (optionally for one node) from `admin`.

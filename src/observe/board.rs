@@ -155,7 +155,7 @@ pub struct StatusReport {
 }
 
 #[derive(Default)]
-struct TypeState {
+struct TypeEntry {
     version_sent: Option<String>,
     version_accepted: Option<String>,
     nonce: Option<String>,
@@ -170,18 +170,18 @@ struct TypeState {
     nack: Option<(NackInfo, Timestamp)>,
 }
 
-struct NodeState {
+struct NodeEntry {
     cluster: String,
     user_agent: String,
     streams: HashSet<u64>,
     last_seen: Timestamp,
     disconnected_at: Option<Timestamp>,
-    types: BTreeMap<String, TypeState>,
+    types: BTreeMap<String, TypeEntry>,
 }
 
 #[derive(Default)]
 struct Board {
-    nodes: HashMap<String, NodeState>,
+    nodes: HashMap<String, NodeEntry>,
     /// stream id -> node key, for stream ends.
     streams: HashMap<u64, String>,
     evicted: u64,
@@ -243,7 +243,7 @@ impl StatusBoard {
             self.make_room(&mut board);
             board.nodes.insert(
                 key.clone(),
-                NodeState {
+                NodeEntry {
                     cluster: String::new(),
                     user_agent: String::new(),
                     streams: HashSet::new(),
@@ -435,7 +435,7 @@ pub fn worst(states: impl Iterator<Item = SyncState>) -> SyncState {
         .unwrap_or(SyncState::NotSent)
 }
 
-fn type_status(url: &str, t: &TypeState, now: Timestamp, stale: u64) -> TypeStatus {
+fn type_status(url: &str, t: &TypeEntry, now: Timestamp, stale: u64) -> TypeStatus {
     let overdue = t
         .pending
         .as_ref()

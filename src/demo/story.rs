@@ -370,22 +370,23 @@ async fn play(stage: &mut Stage, outcome: &mut Outcome) -> anyhow::Result<bool> 
     let ok3 = v == ["CDS v3 ack"];
     outcome.steps.push(("fix".into(), v));
 
-    // Step 4a: two pushes back to back: the client's answer to v4 arrives after v5 went out.
-    stage
-        .printer
-        .say("\n4. v4 and v5 pushed back to back, then a control-plane restart");
+    // Step 4a: two pushes back to back, a bad one and its fix: the client's NACK of v4 arrives
+    // after v5 went out, and is still v4's own verdict; v5's ACK follows.
+    stage.printer.say(
+        "\n4. v4 breaks cluster b again and v5 fixes it, pushed back to back; then a control-plane restart",
+    );
     let (_, v) = stage
         .step(
             snapshot("v5", 4000, 1000, &["http"]),
             Command::PushPair(
-                snapshot("v4", 3000, 1000, &["http"]),
+                snapshot("v4", 3000, 0, &["http"]),
                 snapshot("v5", 4000, 1000, &["http"]),
             ),
             "the answer to v5",
             |v| v.iter().any(|v| v == "CDS v5 ack"),
         )
         .await?;
-    let ok4 = v == ["CDS v4 superseded", "CDS stale-answer", "CDS v5 ack"];
+    let ok4 = v == ["CDS v4 nack", "CDS v5 ack"];
     outcome.steps.push(("back to back".into(), v));
 
     // Step 4b: the control plane restarts with v6 ready; the client reconnects stating the
@@ -455,14 +456,15 @@ fn summarize(report: &crate::observe::board::StatusReport, outcome: &Outcome) {
     println!("\nStatus now (what `xdstap status` shows for a running tap):");
     print!("{}", crate::cli::status::render(report, true));
     println!("\nWhat happened:");
-    println!("  v1 was accepted; v2 was rejected as a whole because cluster b is invalid, so the");
-    println!(
-        "  harmless change to cluster a never landed until v3. v4 was superseded by v5, and the"
-    );
-    println!(
-        "  client's late answer to v4 was not taken as acceptance of v5. When the control plane"
-    );
-    println!("  restarted, the client reconnected stating the versions it runs (CDS v5, LDS v1) and got v6.");
+    for line in [
+        "  v1 was accepted; v2 was rejected as a whole because cluster b is invalid, so the",
+        "  harmless change to cluster a never landed until v3. v4 (b broken again) and v5 (fixed)",
+        "  went out back to back: the client rejected v4 in an answer that came after v5 had gone",
+        "  out, then accepted v5; each answer decided its own push. When the control plane",
+        "  restarted, the client reconnected stating the versions it runs (CDS v5, LDS v1) and got v6.",
+    ] {
+        println!("{line}");
+    }
     println!(
         "\nSpans: {} span(s) exported to {}",
         outcome.spans_exported, outcome.spans

@@ -116,6 +116,9 @@ pub struct TypeStatus {
     pub superseded: u64,
     /// Pushes left unanswered by a stream end.
     pub unanswered: u64,
+    /// Pushes whose nonce the control plane had already used on that stream (its fault).
+    #[serde(default)]
+    pub nonce_reuses: u64,
     /// The current NACK, when NACKED.
     pub nack: Option<NackInfo>,
 }
@@ -167,7 +170,53 @@ struct TypeEntry {
     nacks: u64,
     superseded: u64,
     unanswered: u64,
+    nonce_reuses: u64,
     nack: Option<(NackInfo, Timestamp)>,
+}
+
+impl TypeEntry {
+    /// A push's fate. The version the client runs is what its latest answer says: an ACK's
+    /// version, or the version a SotW NACK says it kept (a late answer included).
+    fn on_verdict(
+        &mut self,
+        push: &crate::correlate::Push,
+        verdict: &Verdict,
+        decided_at: Timestamp,
+        client_version: Option<&str>,
+    ) {
+        if self.pending.as_ref().is_some_and(|(n, _)| *n == push.nonce) {
+            self.pending = None;
+        }
+        match verdict {
+            Verdict::Ack => {
+                self.acks += 1;
+                self.latency_ns = Some(decided_at.saturating_sub(push.at));
+                let running = client_version.filter(|v| !v.is_empty());
+                self.version_accepted = Some(running.unwrap_or(&push.version).to_string());
+                self.nack = None;
+            }
+            Verdict::Nack {
+                error, suspects, ..
+            } => {
+                self.nacks += 1;
+                self.latency_ns = Some(decided_at.saturating_sub(push.at));
+                if let Some(kept) = client_version {
+                    self.version_accepted = (!kept.is_empty()).then(|| kept.to_string());
+                }
+                let since = self.nack.as_ref().map_or(decided_at, |(_, s)| *s);
+                let info = NackInfo {
+                    code: error.code,
+                    message: error.message.clone(),
+                    suspects: suspects.iter().take(NAMES_CAP).cloned().collect(),
+                    version: push.version.clone(),
+                    since: rfc3339(since),
+                };
+                self.nack = Some((info, since));
+            }
+            Verdict::Superseded { .. } => self.superseded += 1,
+            Verdict::Unanswered { .. } => self.unanswered += 1,
+        }
+    }
 }
 
 struct NodeEntry {
@@ -295,42 +344,8 @@ impl StatusBoard {
                 decided_at,
                 client_version,
                 ..
-            } => {
-                if t.pending.as_ref().is_some_and(|(n, _)| *n == push.nonce) {
-                    t.pending = None;
-                }
-                match verdict {
-                    Verdict::Ack => {
-                        t.acks += 1;
-                        t.latency_ns = Some(decided_at.saturating_sub(push.at));
-                        let accepted = client_version
-                            .clone()
-                            .filter(|v| !v.is_empty())
-                            .unwrap_or_else(|| push.version.clone());
-                        t.version_accepted = Some(accepted);
-                        t.nack = None;
-                    }
-                    Verdict::Nack {
-                        error, suspects, ..
-                    } => {
-                        t.nacks += 1;
-                        t.latency_ns = Some(decided_at.saturating_sub(push.at));
-                        let since = t.nack.as_ref().map_or(*decided_at, |(_, s)| *s);
-                        t.nack = Some((
-                            NackInfo {
-                                code: error.code,
-                                message: error.message.clone(),
-                                suspects: suspects.iter().take(NAMES_CAP).cloned().collect(),
-                                version: push.version.clone(),
-                                since: rfc3339(since),
-                            },
-                            since,
-                        ));
-                    }
-                    Verdict::Superseded { .. } => t.superseded += 1,
-                    Verdict::Unanswered { .. } => t.unanswered += 1,
-                }
-            }
+            } => t.on_verdict(push, verdict, *decided_at, client_version.as_deref()),
+            Event::NonceReused { .. } => t.nonce_reuses += 1,
             _ => {}
         }
     }
@@ -466,6 +481,7 @@ fn type_status(url: &str, t: &TypeEntry, now: Timestamp, stale: u64) -> TypeStat
         nacks: t.nacks,
         superseded: t.superseded,
         unanswered: t.unanswered,
+        nonce_reuses: t.nonce_reuses,
         nack: t.nack.as_ref().map(|(n, _)| n.clone()),
     }
 }

@@ -227,6 +227,12 @@ impl prometheus_client::collector::Collector for Sources {
         )?;
         counter(
             &mut e,
+            "xdstap_nonce_reuses",
+            "Pushes whose nonce repeated one still open or recently decided (a control-plane fault).",
+            &[(&[], read(&t.nonce_reuses))],
+        )?;
+        counter(
+            &mut e,
             "xdstap_dropped_events",
             "Correlation events dropped because the sinks fell behind.",
             &[(&[], read(&t.dropped_events))],

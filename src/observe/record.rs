@@ -58,9 +58,12 @@ pub struct VerdictRecord {
     /// NACK: every resource changed since the last accepted push (capped).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub changed: Vec<String>,
-    /// Superseded: the newer push's nonce.
+    /// Superseded: the nonce of the push that overtook it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub superseded_by: Option<String>,
+    /// Ack/nack answered late: the nonce of the newer push that went out before the answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overtaken_by: Option<String>,
     /// Unanswered: grpc-status the stream ended with.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grpc_status: Option<i32>,
@@ -89,6 +92,7 @@ impl VerdictRecord {
             verdict,
             decided_at,
             client_version,
+            overtaken_by,
         } = event
         else {
             return None;
@@ -121,6 +125,7 @@ impl VerdictRecord {
             suspects: Vec::new(),
             changed: Vec::new(),
             superseded_by: None,
+            overtaken_by: overtaken_by.clone(),
             grpc_status: None,
             end_message: None,
             stream: at.stream.stream_id,

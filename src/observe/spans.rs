@@ -480,6 +480,10 @@ impl SpanSink {
             attributes.push(KeyValue::new("xds.superseded_by", by.clone()));
             answer.push(KeyValue::new("xds.superseded_by", by.clone()));
         }
+        if let Some(by) = &r.overtaken_by {
+            attributes.push(KeyValue::new("xds.overtaken_by", by.clone()));
+            answer.push(KeyValue::new("xds.overtaken_by", by.clone()));
+        }
         if let Some(code) = r.grpc_status {
             attributes.push(KeyValue::new("rpc.grpc.status_code", code as i64));
         }

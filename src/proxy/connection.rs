@@ -67,6 +67,9 @@ pub(super) async fn serve(
         conn.graceful_shutdown();
     }
     let mut streams = 0u64;
+    // The stream tasks belong to this connection: when the grace period ends and this task is
+    // cut, they are cut with it, so their observers end before the tap stops observing.
+    let mut tasks = tokio::task::JoinSet::new();
     let result = loop {
         tokio::select! {
             changed = stop.changed(), if !draining => {
@@ -82,15 +85,17 @@ pub(super) async fn serve(
                     let shared = shared.clone();
                     let upstream = upstream.clone();
                     let peer = peer.clone();
-                    tokio::spawn(async move {
+                    tasks.spawn(async move {
                         stream::forward(id, request, respond, &upstream, &shared, &peer).await;
                     });
                 }
                 Some(Err(e)) => break Err(e),
                 None => break Ok(()),
-            }
+            },
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
         }
     };
+    tasks.detach_all();
     match result {
         Ok(()) => tracing::info!(conn = conn_id, %peer, streams, "Connection closed"),
         Err(e) => {

@@ -478,7 +478,8 @@ impl Correlator {
             control_plane: resp.control_plane,
         });
         if !push.nonce.is_empty()
-            && (sub.open.iter().any(|p| p.nonce == push.nonce) || sub.decided(&push.nonce).is_some())
+            && (sub.open.iter().any(|p| p.nonce == push.nonce)
+                || sub.decided(&push.nonce).is_some())
         {
             out.push(Event::NonceReused {
                 at: at.clone(),

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use support::control_plane::ControlPlane;
 use support::envoy::{Envoy, Xds};
+use support::http_get as get;
 use support::resources::{Snapshot, CDS};
 use support::tap::XdsTap;
 use xdstap::config::Options;
@@ -47,20 +48,6 @@ async fn report(admin: &str) -> StatusReport {
     tokio::task::spawn_blocking(move || xdstap::cli::status::fetch(&admin, None).unwrap())
         .await
         .unwrap()
-}
-
-/// GET over HTTP/1.1 with curl-free std I/O: (status code, body).
-async fn get(admin: &str, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(admin).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).await.unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    let code = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (code, body.to_string())
 }
 
 fn state(r: &StatusReport, node: &str, ty: &str) -> Option<SyncState> {

@@ -119,7 +119,9 @@ fn sotw_back_to_back_pushes_each_get_their_own_answer() {
     assert!(verdicts(&e).is_empty(), "a newer push decides nothing");
     // The client answers in order: its NACK of n1 comes after n2 went out, and is n1's verdict,
     // marked as overtaken by n2; never an answer to n2.
-    let e = step(&mut c, |c, o| c.on_request(nack(CDS, "", "n1", "bad a"), 3, o));
+    let e = step(&mut c, |c, o| {
+        c.on_request(nack(CDS, "", "n1", "bad a"), 3, o)
+    });
     match &e[..] {
         [Event::Verdict {
             push,
@@ -157,7 +159,9 @@ fn sotw_an_answer_to_a_later_push_supersedes_the_earlier_and_a_late_one_is_stale
             ("n3".into(), "ack")
         ]
     );
-    assert!(matches!(&e[0], Event::Verdict { verdict: Verdict::Superseded { by_nonce }, .. } if by_nonce == "n2"));
+    assert!(
+        matches!(&e[0], Event::Verdict { verdict: Verdict::Superseded { by_nonce }, .. } if by_nonce == "n2")
+    );
     // An answer naming a superseded push afterwards is stale: it accepts nothing.
     let e = step(&mut c, |c, o| c.on_request(req(CDS, "v0", "n1", &[]), 3, o));
     assert!(matches!(&e[..], [Event::StaleAnswer { nonce, nack: false, .. }] if nonce == "n1"));
@@ -167,22 +171,36 @@ fn sotw_an_answer_to_a_later_push_supersedes_the_earlier_and_a_late_one_is_stale
 fn sotw_reused_nonces_pair_in_order_and_are_reported() {
     let mut c = correlator(Api::Sotw);
     step(&mut c, |c, o| c.on_request(req(CDS, "", "", &[]), 0, o));
-    step(&mut c, |c, o| c.on_response(resp(CDS, "v1", "n", &[("a", 1)]), 1, o));
-    let e = step(&mut c, |c, o| c.on_response(resp(CDS, "v2", "n", &[("a", 2)]), 2, o));
+    step(&mut c, |c, o| {
+        c.on_response(resp(CDS, "v1", "n", &[("a", 1)]), 1, o)
+    });
+    let e = step(&mut c, |c, o| {
+        c.on_response(resp(CDS, "v2", "n", &[("a", 2)]), 2, o)
+    });
     assert!(matches!(&e[0], Event::NonceReused { nonce, .. } if nonce == "n"));
     let e = step(&mut c, |c, o| c.on_request(req(CDS, "v1", "n", &[]), 3, o));
-    assert!(matches!(&e[..], [Event::Verdict { push, verdict: Verdict::Ack, .. }] if push.version == "v1"));
-    let e = step(&mut c, |c, o| c.on_request(nack(CDS, "v1", "n", "bad"), 4, o));
-    assert!(matches!(&e[..], [Event::Verdict { push, verdict: Verdict::Nack { .. }, client_version, .. }]
-        if push.version == "v2" && client_version.as_deref() == Some("v1")));
+    assert!(
+        matches!(&e[..], [Event::Verdict { push, verdict: Verdict::Ack, .. }] if push.version == "v1")
+    );
+    let e = step(&mut c, |c, o| {
+        c.on_request(nack(CDS, "v1", "n", "bad"), 4, o)
+    });
+    assert!(
+        matches!(&e[..], [Event::Verdict { push, verdict: Verdict::Nack { .. }, client_version, .. }]
+        if push.version == "v2" && client_version.as_deref() == Some("v1"))
+    );
 }
 
 #[test]
 fn stream_end_supersedes_the_overtaken_and_leaves_the_newest_unanswered() {
     let mut c = correlator(Api::Sotw);
     step(&mut c, |c, o| c.on_request(req(CDS, "", "", &[]), 0, o));
-    step(&mut c, |c, o| c.on_response(resp(CDS, "v1", "n1", &[("a", 1)]), 1, o));
-    step(&mut c, |c, o| c.on_response(resp(CDS, "v2", "n2", &[("a", 2)]), 2, o));
+    step(&mut c, |c, o| {
+        c.on_response(resp(CDS, "v1", "n1", &[("a", 1)]), 1, o)
+    });
+    step(&mut c, |c, o| {
+        c.on_response(resp(CDS, "v2", "n2", &[("a", 2)]), 2, o)
+    });
     let e = step(&mut c, |c, o| c.on_stream_end(Some(1), "cancelled", 3, o));
     assert_eq!(
         verdicts(&e),
@@ -380,54 +398,62 @@ enum Client {
     Skip,
 }
 
+/// One push as a client model saw it.
+struct Sent {
+    /// Type index.
+    t: usize,
+    version: String,
+    nonce: String,
+    /// What the client did with it (`None`: it never got to it).
+    what: Option<Client>,
+}
+
 /// Plays `ops` between a control plane and a client that answers each type's pushes in the
 /// order they came (skipping some, when `ops` says so), then ends the stream. `ops` are
 /// (type 0..2, nonce label, what the client does); an op either pushes (`None`) or lets the
-/// client take the oldest push of that type it holds. Returns every push in send order with
-/// what the client did with it, and every event.
-fn play_in_order(
-    ops: &[(usize, u8, Option<Client>)],
-) -> (Vec<(usize, String, Option<Client>)>, Vec<Event>) {
+/// client take the oldest push of that type it holds. Returns every push in send order and
+/// every event.
+fn play_in_order(ops: &[(usize, u8, Option<Client>)]) -> (Vec<Sent>, Vec<Event>) {
     let types = [CDS, EDS];
     let mut c = correlator(Api::Sotw);
     let mut out = Vec::new();
     let mut now = 0;
-    let mut sent: Vec<(usize, String, Option<Client>)> = Vec::new();
+    let mut sent: Vec<Sent> = Vec::new();
     let mut held: [std::collections::VecDeque<usize>; 2] = Default::default();
     let mut running = [String::new(), String::new()];
-    for t in 0..2 {
-        c.on_request(req(types[t], "", "", &[]), now, &mut out);
+    for t in types {
+        c.on_request(req(t, "", "", &[]), now, &mut out);
     }
     for &(t, label, what) in ops {
-        now += 1;
-        match what {
-            None => {
-                let version = format!("v{}", sent.len());
-                let nonce = format!("n{label}");
-                c.on_response(resp(types[t], &version, &nonce, &[("a", sent.len() as u64)]), now, &mut out);
-                held[t].push_back(sent.len());
-                sent.push((t, version, None));
-            }
-            Some(what) => {
-                let Some(i) = held[t].pop_front() else { continue };
-                sent[i].2 = Some(what);
-                let nonce = format!("n{}", {
-                    // The label the push carried: its nonce.
-                    let label_of = ops.iter().filter(|o| o.2.is_none()).nth(i).expect("pushed").1;
-                    label_of
-                });
-                let request = match what {
-                    Client::Ack => {
-                        running[t] = sent[i].1.clone();
-                        req(types[t], &sent[i].1, &nonce, &[])
-                    }
-                    Client::Nack => nack(types[t], &running[t], &nonce, "rejected"),
-                    Client::Skip => continue,
-                };
-                c.on_request(request, now, &mut out);
-            }
-        }
         assert!(c.held() <= 2 * (MAX_OPEN_SOTW + REMEMBERED_NONCES));
+        now += 1;
+        let Some(what) = what else {
+            let (version, nonce) = (format!("v{}", sent.len()), format!("n{label}"));
+            let r = resp(types[t], &version, &nonce, &[("a", sent.len() as u64)]);
+            c.on_response(r, now, &mut out);
+            held[t].push_back(sent.len());
+            sent.push(Sent {
+                t,
+                version,
+                nonce,
+                what: None,
+            });
+            continue;
+        };
+        let Some(i) = held[t].pop_front() else {
+            continue;
+        };
+        let p = &mut sent[i];
+        p.what = Some(what);
+        let request = match what {
+            Client::Ack => {
+                running[t] = p.version.clone();
+                req(types[t], &p.version, &p.nonce, &[])
+            }
+            Client::Nack => nack(types[t], &running[t], &p.nonce, "rejected"),
+            Client::Skip => continue,
+        };
+        c.on_request(request, now, &mut out);
     }
     c.on_stream_end(Some(14), "gone", now + 1, &mut out);
     (sent, out)
@@ -456,7 +482,10 @@ fn one_verdict_each(events: &[Event]) -> Vec<Verdict> {
         .collect()
 }
 
-fn in_order_ops(labels: u8, skips: bool) -> impl proptest::strategy::Strategy<Value = Vec<(usize, u8, Option<Client>)>> {
+fn in_order_ops(
+    labels: u8,
+    skips: bool,
+) -> impl proptest::strategy::Strategy<Value = Vec<(usize, u8, Option<Client>)>> {
     use proptest::prelude::*;
     let client = if skips {
         prop_oneof![Just(Client::Ack), Just(Client::Nack), Just(Client::Skip)].boxed()
@@ -465,7 +494,8 @@ fn in_order_ops(labels: u8, skips: bool) -> impl proptest::strategy::Strategy<Va
     };
     proptest::collection::vec((0usize..2, 0..labels, proptest::option::of(client)), 0..40)
         .prop_filter("at most the open bound per type", |ops| {
-            (0..2).all(|t| ops.iter().filter(|o| o.0 == t && o.2.is_none()).count() <= MAX_OPEN_SOTW)
+            (0..2)
+                .all(|t| ops.iter().filter(|o| o.0 == t && o.2.is_none()).count() <= MAX_OPEN_SOTW)
         })
 }
 
@@ -484,8 +514,8 @@ proptest::proptest! {
         }).collect();
         let (sent, events) = play_in_order(&ops);
         let verdicts = one_verdict_each(&events);
-        for (i, ((t, _, what), v)) in sent.iter().zip(&verdicts).enumerate() {
-            let newest = !sent[i + 1..].iter().any(|s| s.0 == *t);
+        for (i, (Sent { t, what, .. }, v)) in sent.iter().zip(&verdicts).enumerate() {
+            let newest = !sent[i + 1..].iter().any(|s| s.t == *t);
             match what {
                 Some(Client::Ack) => proptest::prop_assert_eq!(v, &Verdict::Ack),
                 Some(Client::Nack) => proptest::prop_assert!(matches!(v, Verdict::Nack { .. }), "{v:?}"),
@@ -509,7 +539,7 @@ proptest::proptest! {
     fn reused_nonces_pair_in_order(ops in in_order_ops(2, false)) {
         let (sent, events) = play_in_order(&ops);
         let verdicts = one_verdict_each(&events);
-        for ((_, _, what), v) in sent.iter().zip(&verdicts) {
+        for (Sent { what, .. }, v) in sent.iter().zip(&verdicts) {
             match what {
                 Some(Client::Ack) => proptest::prop_assert_eq!(v, &Verdict::Ack),
                 Some(Client::Nack) => proptest::prop_assert!(matches!(v, Verdict::Nack { .. }), "{v:?}"),

@@ -10,6 +10,7 @@ pub mod otlp;
 pub mod prom;
 pub mod raw;
 pub mod resources;
+pub mod scripted;
 pub mod tap;
 
 /// A fresh temporary directory under target/, removed on drop.
@@ -74,4 +75,18 @@ impl Drop for Child {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// GET `path` from an HTTP/1.1 server at `addr` (the tap's admin server): (status, body).
+pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).await.unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let code = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (code, body.to_string())
 }

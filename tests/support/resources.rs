@@ -80,8 +80,26 @@ pub fn cluster(name: &str, connect_timeout_ms: i64) -> (String, Any) {
     (name.into(), any(&c))
 }
 
-pub fn endpoints(cluster: &str, port: u32) -> (String, Any) {
-    let cla = ClusterLoadAssignment {
+/// A STATIC cluster with its endpoint inline: nothing to warm, so Envoy answers its push at
+/// once. `connect_timeout_ms == 0` makes Envoy reject it.
+pub fn static_cluster(name: &str, connect_timeout_ms: i64, port: u32) -> Any {
+    let c = Cluster {
+        name: name.into(),
+        connect_timeout: Some(Duration {
+            seconds: connect_timeout_ms / 1000,
+            nanos: ((connect_timeout_ms % 1000) * 1_000_000) as i32,
+        }),
+        cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(
+            cluster::DiscoveryType::Static as i32,
+        )),
+        load_assignment: Some(load_assignment(name, port)),
+        ..Default::default()
+    };
+    any(&c)
+}
+
+fn load_assignment(cluster: &str, port: u32) -> ClusterLoadAssignment {
+    ClusterLoadAssignment {
         cluster_name: cluster.into(),
         endpoints: vec![LocalityLbEndpoints {
             lb_endpoints: vec![LbEndpoint {
@@ -94,8 +112,11 @@ pub fn endpoints(cluster: &str, port: u32) -> (String, Any) {
             ..Default::default()
         }],
         ..Default::default()
-    };
-    (cluster.into(), any(&cla))
+    }
+}
+
+pub fn endpoints(cluster: &str, port: u32) -> (String, Any) {
+    (cluster.into(), any(&load_assignment(cluster, port)))
 }
 
 /// An HTTP listener on an ephemeral loopback port whose routes come from RDS `route`.

@@ -1,0 +1,189 @@
+//! A scripted SotW ADS control plane (tonic + envoy-types) for tests that decide exactly what is
+//! sent when: it answers each type's first request with a response the test set, and on
+//! command writes a list of responses to every open stream at once, before it reads any
+//! request. It records every request and response with their stream.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use envoy_types::pb::google::protobuf::Any;
+use tokio::sync::mpsc;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+/// One request as the control plane read it.
+#[derive(Clone, Debug)]
+pub struct Answer {
+    pub stream: u64,
+    pub type_url: String,
+    pub version_info: String,
+    pub response_nonce: String,
+    pub error: Option<String>,
+}
+
+#[derive(Default)]
+struct Inner {
+    first: HashMap<String, DiscoveryResponse>,
+    streams: Vec<mpsc::Sender<Vec<DiscoveryResponse>>>,
+    requests: Vec<Answer>,
+    sent: Vec<DiscoveryResponse>,
+    next_stream: u64,
+}
+
+#[derive(Clone, Default)]
+pub struct Scripted {
+    inner: Arc<Mutex<Inner>>,
+}
+
+/// A SotW response of `resources`.
+pub fn response(
+    type_url: &str,
+    version: &str,
+    nonce: &str,
+    resources: Vec<Any>,
+) -> DiscoveryResponse {
+    DiscoveryResponse {
+        version_info: version.into(),
+        resources,
+        type_url: type_url.into(),
+        nonce: nonce.into(),
+        ..Default::default()
+    }
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+impl Scripted {
+    /// Answers the first request of `response.type_url` on each stream with `response`.
+    pub fn on_first(&self, response: DiscoveryResponse) {
+        let mut inner = self.inner.lock().unwrap();
+        inner.first.insert(response.type_url.clone(), response);
+    }
+
+    /// Serves on `listener`.
+    pub fn serve(&self, listener: tokio::net::TcpListener) -> tokio::task::JoinHandle<()> {
+        let svc = AggregatedDiscoveryServiceServer::new(self.clone());
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming(incoming)
+                .await;
+        })
+    }
+
+    /// Writes `responses` to every open stream, all of them before any request is read.
+    pub async fn send(&self, responses: Vec<DiscoveryResponse>) {
+        let streams = {
+            let mut inner = self.inner.lock().unwrap();
+            inner.sent.extend(responses.iter().cloned());
+            inner.streams.clone()
+        };
+        for tx in streams {
+            let _ = tx.send(responses.clone()).await;
+        }
+    }
+
+    pub fn requests(&self) -> Vec<Answer> {
+        self.inner.lock().unwrap().requests.clone()
+    }
+
+    /// Every answer naming `nonce`, in the order they came.
+    pub fn answers_to(&self, nonce: &str) -> Vec<Answer> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.response_nonce == nonce)
+            .collect()
+    }
+}
+
+/// The responses of one [`Scripted::send`] come out of this stream all ready at once, so the
+/// gRPC encoder takes them into one write.
+struct Batches {
+    rx: mpsc::Receiver<Vec<DiscoveryResponse>>,
+    ready: std::collections::VecDeque<DiscoveryResponse>,
+}
+
+impl Stream for Batches {
+    type Item = Result<DiscoveryResponse, Status>;
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        loop {
+            if let Some(r) = self.ready.pop_front() {
+                return Poll::Ready(Some(Ok(r)));
+            }
+            match self.rx.poll_recv(cx) {
+                Poll::Ready(Some(batch)) => self.ready.extend(batch),
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Scripted {
+    type StreamAggregatedResourcesStream = BoxStream<DiscoveryResponse>;
+    type DeltaAggregatedResourcesStream = BoxStream<DeltaDiscoveryResponse>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(64);
+        let stream = {
+            let mut inner = self.inner.lock().unwrap();
+            inner.next_stream += 1;
+            inner.streams.push(tx.clone());
+            inner.next_stream
+        };
+        let cp = self.clone();
+        tokio::spawn(async move {
+            let mut seen: Vec<String> = Vec::new();
+            while let Some(Ok(req)) = inbound.next().await {
+                let first = {
+                    let mut inner = cp.inner.lock().unwrap();
+                    inner.requests.push(Answer {
+                        stream,
+                        type_url: req.type_url.clone(),
+                        version_info: req.version_info.clone(),
+                        response_nonce: req.response_nonce.clone(),
+                        error: req.error_detail.as_ref().map(|e| e.message.clone()),
+                    });
+                    if seen.contains(&req.type_url) {
+                        None
+                    } else {
+                        seen.push(req.type_url.clone());
+                        inner.first.get(&req.type_url).cloned()
+                    }
+                };
+                if let Some(r) = first {
+                    cp.inner.lock().unwrap().sent.push(r.clone());
+                    let _ = tx.send(vec![r]).await;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(Batches {
+            rx,
+            ready: Default::default(),
+        })))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        _request: Request<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
+        Err(Status::unimplemented("SotW only"))
+    }
+}

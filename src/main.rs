@@ -92,7 +92,6 @@ fn run(config: Config) -> ExitCode {
             Ok(l) => l,
             Err(e) => {
                 tracing::error!("cannot listen on {}: {e}", config.listen);
-                eprintln!("xdstap: cannot listen on {}: {e}", config.listen);
                 return ExitCode::FAILURE;
             }
         };
@@ -101,7 +100,6 @@ fn run(config: Config) -> ExitCode {
             Err(e) if e.is_usage() => usage_error(e),
             Err(e) => {
                 tracing::error!("{e}");
-                eprintln!("xdstap: {e}");
                 ExitCode::FAILURE
             }
         }

@@ -45,10 +45,9 @@ impl Default for Settings {
     fn default() -> Self {
         // The stream window is also what the tap may hold per stream and direction when the
         // receiver is slower than the sender, so it bounds the tap's memory for a big push.
-        // 1 MiB moves pushes at full speed wherever the round trip is about a millisecond or less
-        // (measured on loopback: the same throughput as 4 MiB and 16 MiB, at half and a fifth of
-        // the peak memory for a 100 MiB push); raise it (Envoy uses 16 MiB and 24 MiB) for links
-        // with a long round trip: a stream moves at most one window per round trip.
+        // 1 MiB moves pushes at full speed wherever the round trip is about a millisecond or
+        // less; a stream moves at most one window per round trip, so links with a long round
+        // trip want more (Envoy uses 16 MiB and 24 MiB).
         Settings {
             stream_window: 1 << 20,
             connection_window: 8 << 20,

@@ -204,15 +204,112 @@ fn threads_set_the_worker_count() {
             lines.any(|l| l.unwrap().contains("Listening")),
             "never listened"
         );
-        let workers = std::fs::read_dir(format!("/proc/{}/task", child.id()))
-            .unwrap()
-            .filter(|t| {
-                let comm = t.as_ref().unwrap().path().join("comm");
-                std::fs::read_to_string(comm).is_ok_and(|c| c.starts_with("tokio-r"))
-            })
-            .count();
+        // A worker names itself once it runs, which may be just after the tap listens.
+        let count = || {
+            std::fs::read_dir(format!("/proc/{}/task", child.id()))
+                .unwrap()
+                .filter(|t| {
+                    let comm = t.as_ref().unwrap().path().join("comm");
+                    std::fs::read_to_string(comm).is_ok_and(|c| c.starts_with("tokio-r"))
+                })
+                .count()
+        };
+        let mut workers = count();
+        for _ in 0..100 {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            workers = count();
+            if workers >= want {
+                break;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        workers = workers.max(count());
         let _ = child.kill();
         let _ = child.wait();
         assert_eq!(workers, want, "--threads {flag:?}");
     }
+}
+
+/// `--admin unix:PATH` never removes what it did not create: on a regular file, or on a socket
+/// another process listens on, the tap refuses to start, names the path, and leaves it be; a
+/// socket file nobody listens on any more (left by a killed tap) is replaced.
+#[test]
+fn admin_unix_never_removes_a_file_it_did_not_create() {
+    let dir = std::env::temp_dir().join(format!("xdstap-admin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let start = |path: &std::path::Path| {
+        xdstap()
+            .args([
+                "run",
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "127.0.0.1:1",
+            ])
+            .arg("--admin")
+            .arg(format!("unix:{}", path.display()))
+            .output()
+            .unwrap()
+    };
+
+    let file = dir.join("precious.txt");
+    std::fs::write(&file, "keep me\n").unwrap();
+    let out = start(&file);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&file.display().to_string()) && err.contains("not a socket"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep me\n");
+
+    let live = dir.join("live.sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&live).unwrap();
+    let out = start(&live);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&live.display().to_string()), "{err}");
+    std::os::unix::net::UnixStream::connect(&live).expect("the live socket is still there");
+
+    let stale = dir.join("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    assert!(stale.exists());
+    let mut child = xdstap()
+        .args([
+            "run",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "127.0.0.1:1",
+        ])
+        .arg("--admin")
+        .arg(format!("unix:{}", stale.display()))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::BufRead;
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    assert!(
+        lines.any(|l| l.unwrap().contains("Admin server listening")),
+        "a stale socket is replaced"
+    );
+    std::os::unix::net::UnixStream::connect(&stale).expect("the tap listens on it");
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The Envoy the demo installs is the one the test command installs.
+#[test]
+fn one_pinned_envoy() {
+    let script = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scripts/install-envoy"
+    ))
+    .unwrap();
+    assert!(
+        script.contains(xdstap::demo::envoy::PINNED),
+        "scripts/install-envoy does not install {}",
+        xdstap::demo::envoy::PINNED
+    );
 }

@@ -94,167 +94,188 @@ fn read(c: &AtomicU64) -> u64 {
     c.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-fn counter(
-    encoder: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    values: &[(&[(&str, &str)], u64)],
-) -> Result<(), std::fmt::Error> {
-    let mut m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-    for (labels, v) in values {
-        let labels: Vec<(String, String)> = labels
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        ConstCounter::new(*v).encode(m.encode_family(&labels)?)?;
-    }
-    Ok(())
+/// One family read at scrape time: counter or gauge, and its samples (labels, value).
+struct Scraped {
+    name: &'static str,
+    help: &'static str,
+    kind: MetricType,
+    samples: Vec<(Vec<(&'static str, &'static str)>, u64)>,
 }
 
-fn gauge(
-    encoder: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    values: &[(&[(&str, &str)], i64)],
-) -> Result<(), std::fmt::Error> {
-    let mut m = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-    for (labels, v) in values {
-        let labels: Vec<(String, String)> = labels
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        ConstGauge::new(*v).encode(m.encode_family(&labels)?)?;
+/// A family with one unlabelled sample.
+fn one(name: &'static str, help: &'static str, kind: MetricType, value: u64) -> Scraped {
+    Scraped {
+        name,
+        help,
+        kind,
+        samples: vec![(vec![], value)],
     }
-    Ok(())
 }
 
-impl prometheus_client::collector::Collector for Sources {
-    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let (p, t, s) = (&self.proxy, &self.tap, &self.spans);
-        counter(
-            &mut e,
-            "xdstap_forwarded_bytes",
-            "Bytes forwarded, by direction (request: client to control plane).",
-            &[
-                (&[("direction", "request")], read(&p.request_bytes)),
-                (&[("direction", "response")], read(&p.response_bytes)),
-            ],
-        )?;
-        counter(
-            &mut e,
+/// A family with one label taking each of `samples`' values.
+fn by(
+    name: &'static str,
+    help: &'static str,
+    kind: MetricType,
+    label: &'static str,
+    samples: &[(&'static str, u64)],
+) -> Scraped {
+    Scraped {
+        name,
+        help,
+        kind,
+        samples: samples
+            .iter()
+            .map(|(v, n)| (vec![(label, *v)], *n))
+            .collect(),
+    }
+}
+
+impl Sources {
+    /// Everything read at scrape time.
+    fn scraped(&self) -> Vec<Scraped> {
+        let mut all = self.forwarding();
+        all.extend(self.observing());
+        all
+    }
+
+    /// The forwarder's families.
+    fn forwarding(&self) -> Vec<Scraped> {
+        use MetricType::{Counter as C, Gauge as G};
+        let p = &self.proxy;
+        let mut all = vec![
+            by(
+                "xdstap_forwarded_bytes",
+                "Bytes forwarded, by direction (request: client to control plane).",
+                C,
+                "direction",
+                &[
+                    ("request", read(&p.request_bytes)),
+                    ("response", read(&p.response_bytes)),
+                ],
+            ),
+            one(
+                "xdstap_connections",
+                "Client connections accepted.",
+                C,
+                read(&p.connections_total),
+            ),
+            one(
+                "xdstap_connections_active",
+                "Client connections open.",
+                G,
+                read(&p.connections_active),
+            ),
+            one(
+                "xdstap_streams",
+                "HTTP/2 streams forwarded (any method).",
+                C,
+                read(&p.streams_total),
+            ),
+            one(
+                "xdstap_upstream_connect_errors",
+                "Failed connections to the control plane.",
+                C,
+                read(&p.upstream_connect_errors),
+            ),
+            one(
+                "xdstap_handshake_errors",
+                "Client connections that failed the TLS or HTTP/2 handshake.",
+                C,
+                read(&p.handshake_errors),
+            ),
+            one(
+                "xdstap_connection_errors",
+                "Client connections that ended with an error after the handshake.",
+                C,
+                read(&p.connection_errors),
+            ),
+        ];
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let tasks = rt.metrics().num_alive_tasks() as u64;
+            let help = "Tasks alive in the runtime (a leak shows here).";
+            all.push(one("xdstap_tasks", help, G, tasks));
+        }
+        all
+    }
+
+    /// The observer's, the span exporter's and the status board's families.
+    fn observing(&self) -> Vec<Scraped> {
+        use MetricType::{Counter as C, Gauge as G};
+        let (t, s) = (&self.tap, &self.spans);
+        let counted = [
+            (
+                "xdstap_decoded_messages",
+                "xDS messages decoded.",
+                &t.decoded,
+            ),
+            (
+                "xdstap_unmatched_answers",
+                "Answers naming a nonce the tap never saw pushed.",
+                &t.unmatched_answers,
+            ),
+            (
+                "xdstap_nonce_reuses",
+                "Pushes whose nonce the control plane had used already (its fault).",
+                &t.nonce_reuses,
+            ),
+            (
+                "xdstap_dropped_events",
+                "Correlation events dropped because the sinks fell behind.",
+                &t.dropped_events,
+            ),
+            (
+                "xdstap_spans_exported",
+                "Spans the OTLP backend accepted.",
+                &s.exported,
+            ),
+            (
+                "xdstap_dropped_spans",
+                "Spans dropped: export queue full or export failed.",
+                &s.dropped,
+            ),
+            (
+                "xdstap_span_export_errors",
+                "Failed or timed-out OTLP export calls.",
+                &s.export_errors,
+            ),
+        ];
+        let mut all: Vec<Scraped> = counted
+            .into_iter()
+            .map(|(name, help, c)| one(name, help, C, read(c)))
+            .collect();
+        all.push(by(
             "xdstap_forwarded_messages",
             "gRPC messages forwarded, by direction.",
+            C,
+            "direction",
             &[
-                (&[("direction", "request")], read(&t.request_messages)),
-                (&[("direction", "response")], read(&t.response_messages)),
+                ("request", read(&t.request_messages)),
+                ("response", read(&t.response_messages)),
             ],
-        )?;
-        counter(
-            &mut e,
-            "xdstap_connections",
-            "Client connections accepted.",
-            &[(&[], read(&p.connections_total))],
-        )?;
-        gauge(
-            &mut e,
-            "xdstap_connections_active",
-            "Client connections open.",
-            &[(&[], read(&p.connections_active) as i64)],
-        )?;
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            gauge(
-                &mut e,
-                "xdstap_tasks",
-                "Tasks alive in the runtime (a leak shows here).",
-                &[(&[], rt.metrics().num_alive_tasks() as i64)],
-            )?;
-        }
-        counter(
-            &mut e,
-            "xdstap_streams",
-            "HTTP/2 streams forwarded (any method).",
-            &[(&[], read(&p.streams_total))],
-        )?;
-        gauge(
-            &mut e,
+        ));
+        all.push(by(
             "xdstap_xds_streams_active",
             "xDS streams open, by API.",
+            G,
+            "api",
             &[
-                (&[("api", "sotw")], read(&t.streams_sotw) as i64),
-                (&[("api", "delta")], read(&t.streams_delta) as i64),
+                ("sotw", read(&t.streams_sotw)),
+                ("delta", read(&t.streams_delta)),
             ],
-        )?;
-        counter(
-            &mut e,
-            "xdstap_upstream_connect_errors",
-            "Failed connections to the control plane.",
-            &[(&[], read(&p.upstream_connect_errors))],
-        )?;
-        counter(
-            &mut e,
-            "xdstap_handshake_errors",
-            "Client connections that failed the TLS or HTTP/2 handshake.",
-            &[(&[], read(&p.handshake_errors))],
-        )?;
-        counter(
-            &mut e,
-            "xdstap_connection_errors",
-            "Client connections that ended with an error after the handshake (protocol violation, flood, broken socket).",
-            &[(&[], read(&p.connection_errors))],
-        )?;
-        counter(
-            &mut e,
-            "xdstap_decoded_messages",
-            "xDS messages decoded.",
-            &[(&[], read(&t.decoded))],
-        )?;
-        counter(
-            &mut e,
+        ));
+        all.push(by(
             "xdstap_decode_errors",
             "xDS messages forwarded but not decoded, by reason.",
+            C,
+            "reason",
             &[
-                (&[("reason", "invalid_protobuf")], read(&t.decode_invalid)),
-                (&[("reason", "encoding")], read(&t.decode_encoding)),
-                (&[("reason", "too_large")], read(&t.decode_too_large)),
-                (&[("reason", "framing")], read(&t.framing_errors)),
+                ("invalid_protobuf", read(&t.decode_invalid)),
+                ("encoding", read(&t.decode_encoding)),
+                ("too_large", read(&t.decode_too_large)),
+                ("framing", read(&t.framing_errors)),
             ],
-        )?;
-        counter(
-            &mut e,
-            "xdstap_unmatched_answers",
-            "Answers naming a nonce the tap never saw pushed.",
-            &[(&[], read(&t.unmatched_answers))],
-        )?;
-        counter(
-            &mut e,
-            "xdstap_nonce_reuses",
-            "Pushes whose nonce repeated one still open or recently decided (a control-plane fault).",
-            &[(&[], read(&t.nonce_reuses))],
-        )?;
-        counter(
-            &mut e,
-            "xdstap_dropped_events",
-            "Correlation events dropped because the sinks fell behind.",
-            &[(&[], read(&t.dropped_events))],
-        )?;
-        counter(
-            &mut e,
-            "xdstap_spans_exported",
-            "Spans the OTLP backend accepted.",
-            &[(&[], read(&s.exported))],
-        )?;
-        counter(
-            &mut e,
-            "xdstap_dropped_spans",
-            "Spans dropped: export queue full or export failed.",
-            &[(&[], read(&s.dropped))],
-        )?;
-        counter(
-            &mut e,
-            "xdstap_span_export_errors",
-            "Failed or timed-out OTLP export calls.",
-            &[(&[], read(&s.export_errors))],
-        )?;
+        ));
         let counts = self.status.counts(super::now());
         let states = [
             SyncState::Synced,
@@ -262,22 +283,26 @@ impl prometheus_client::collector::Collector for Sources {
             SyncState::NotSent,
             SyncState::Nacked,
             SyncState::Stale,
-        ];
-        let labels: Vec<[(&str, &str); 1]> = states
-            .iter()
-            .map(|s| [("state", state_label(*s))])
-            .collect();
-        let values: Vec<(&[(&str, &str)], i64)> = states
-            .iter()
-            .zip(labels.iter())
-            .map(|(s, l)| (&l[..], counts.get(s).copied().unwrap_or(0) as i64))
-            .collect();
-        gauge(
-            &mut e,
-            "xdstap_clients",
-            "Client nodes by their worst type's sync state.",
-            &values,
-        )?;
+        ]
+        .map(|st| (state_label(st), counts.get(&st).copied().unwrap_or(0)));
+        let help = "Client nodes by their worst type's sync state.";
+        all.push(by("xdstap_clients", help, G, "state", &states));
+        all
+    }
+}
+
+impl prometheus_client::collector::Collector for Sources {
+    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for f in self.scraped() {
+            let mut m = e.encode_descriptor(f.name, f.help, None, f.kind)?;
+            for (labels, v) in f.samples {
+                let sample = m.encode_family(&labels)?;
+                match f.kind {
+                    MetricType::Gauge => ConstGauge::new(v as i64).encode(sample)?,
+                    _ => ConstCounter::new(v).encode(sample)?,
+                }
+            }
+        }
         Ok(())
     }
 }

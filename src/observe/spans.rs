@@ -422,75 +422,7 @@ impl SpanSink {
             return None;
         };
         let r = VerdictRecord::from_event(event)?;
-        let (service, method) = r
-            .method
-            .trim_start_matches('/')
-            .split_once('/')
-            .map(|(s, m)| (s.to_string(), m.to_string()))
-            .unwrap_or_default();
-        let mut attributes = vec![
-            KeyValue::new("rpc.system", "grpc"),
-            KeyValue::new("rpc.service", service),
-            KeyValue::new("rpc.method", method),
-            KeyValue::new("xds.type_url", r.type_url.clone()),
-            KeyValue::new("xds.type", r.short_type.clone()),
-            KeyValue::new("xds.api", r.api),
-            KeyValue::new("xds.version", r.version.clone()),
-            KeyValue::new("xds.nonce", r.nonce.clone()),
-            KeyValue::new("xds.resource_count", r.resources as i64),
-            KeyValue::new("xds.resource_names", strings(&r.resource_names)),
-            KeyValue::new("xds.bytes", r.bytes as i64),
-            KeyValue::new("xds.verdict", r.verdict),
-            KeyValue::new("xds.node.id", r.node.clone()),
-            KeyValue::new("xds.node.cluster", r.node_cluster.clone()),
-            KeyValue::new("xds.node.user_agent", r.user_agent.clone()),
-            KeyValue::new("xds.stream.id", r.stream as i64),
-            KeyValue::new("client.address", r.downstream.clone()),
-            KeyValue::new("server.address", r.upstream.clone()),
-            KeyValue::new("xds.latency_ms", r.latency_ms),
-        ];
-        if !r.removed.is_empty() {
-            attributes.push(KeyValue::new("xds.removed_names", strings(&r.removed)));
-        }
-        if let Some(v) = &r.client_version {
-            attributes.push(KeyValue::new("xds.client_version", v.clone()));
-        }
-        if let Some(cp) = &r.control_plane {
-            attributes.push(KeyValue::new("xds.control_plane", cp.clone()));
-        }
-        let mut answer = vec![KeyValue::new("xds.verdict", r.verdict)];
-        if let Some(v) = &r.client_version {
-            answer.push(KeyValue::new("xds.client_version", v.clone()));
-        }
-        let mut status = Status::Unset;
-        if let (Some(code), Some(message)) = (r.error_code, &r.error_message) {
-            attributes.push(KeyValue::new("xds.error.code", code as i64));
-            attributes.push(KeyValue::new("xds.error.message", message.clone()));
-            attributes.push(KeyValue::new("xds.suspects", strings(&r.suspects)));
-            attributes.push(KeyValue::new("xds.changed", strings(&r.changed)));
-            answer.push(KeyValue::new("xds.error.message", message.clone()));
-            answer.push(KeyValue::new("xds.suspects", strings(&r.suspects)));
-            status = Status::Error {
-                description: Cow::Owned(message.clone()),
-            };
-        } else if r.verdict == "ack" {
-            status = Status::Ok;
-        }
-        if let Some(by) = &r.superseded_by {
-            attributes.push(KeyValue::new("xds.superseded_by", by.clone()));
-            answer.push(KeyValue::new("xds.superseded_by", by.clone()));
-        }
-        if let Some(by) = &r.overtaken_by {
-            attributes.push(KeyValue::new("xds.overtaken_by", by.clone()));
-            answer.push(KeyValue::new("xds.overtaken_by", by.clone()));
-        }
-        if let Some(code) = r.grpc_status {
-            attributes.push(KeyValue::new("rpc.grpc.status_code", code as i64));
-        }
-        if let Some(m) = &r.end_message {
-            attributes.push(KeyValue::new("xds.end_message", m.clone()));
-            answer.push(KeyValue::new("xds.end_message", m.clone()));
-        }
+        let (attributes, answer, status) = describe(&r);
         let mut events = SpanEvents::default();
         if let Some(changes) = self.changes.remove(&(r.stream, r.type_url.clone())) {
             events.events.extend(changes);
@@ -552,6 +484,101 @@ impl SpanSink {
             ));
         }
     }
+}
+
+/// A verdict's span attributes, the attributes of its answer event, and its status (OK for an
+/// ACK, ERROR with the client's message for a NACK).
+fn describe(r: &VerdictRecord) -> (Vec<KeyValue>, Vec<KeyValue>, Status) {
+    let (service, method) = r
+        .method
+        .trim_start_matches('/')
+        .split_once('/')
+        .map(|(s, m)| (s.to_string(), m.to_string()))
+        .unwrap_or_default();
+    let mut attributes = vec![
+        KeyValue::new("rpc.system", "grpc"),
+        KeyValue::new("rpc.service", service),
+        KeyValue::new("rpc.method", method),
+        KeyValue::new("xds.type_url", r.type_url.clone()),
+        KeyValue::new("xds.type", r.short_type.clone()),
+        KeyValue::new("xds.api", r.api),
+        KeyValue::new("xds.version", r.version.clone()),
+        KeyValue::new("xds.nonce", r.nonce.clone()),
+        KeyValue::new("xds.resource_count", r.resources as i64),
+        KeyValue::new("xds.resource_names", strings(&r.resource_names)),
+        KeyValue::new("xds.bytes", r.bytes as i64),
+        KeyValue::new("xds.verdict", r.verdict),
+        KeyValue::new("xds.node.id", r.node.clone()),
+        KeyValue::new("xds.node.cluster", r.node_cluster.clone()),
+        KeyValue::new("xds.node.user_agent", r.user_agent.clone()),
+        KeyValue::new("xds.stream.id", r.stream as i64),
+        KeyValue::new("client.address", r.downstream.clone()),
+        KeyValue::new("server.address", r.upstream.clone()),
+        KeyValue::new("xds.latency_ms", r.latency_ms),
+    ];
+    let mut answer = vec![KeyValue::new("xds.verdict", r.verdict)];
+    // On the span only, then on both the span and its answer event.
+    let span_only = [
+        (
+            "xds.control_plane",
+            r.control_plane.clone().map(Value::from),
+        ),
+        (
+            "rpc.grpc.status_code",
+            r.grpc_status.map(|c| Value::from(c as i64)),
+        ),
+        (
+            "xds.error.code",
+            r.error_code.map(|c| Value::from(c as i64)),
+        ),
+        (
+            "xds.changed",
+            (r.error_code.is_some()).then(|| strings(&r.changed)),
+        ),
+        (
+            "xds.removed_names",
+            (!r.removed.is_empty()).then(|| strings(&r.removed)),
+        ),
+    ];
+    let both = [
+        (
+            "xds.client_version",
+            r.client_version.clone().map(Value::from),
+        ),
+        (
+            "xds.error.message",
+            r.error_message.clone().map(Value::from),
+        ),
+        (
+            "xds.suspects",
+            (r.error_code.is_some()).then(|| strings(&r.suspects)),
+        ),
+        (
+            "xds.superseded_by",
+            r.superseded_by.clone().map(Value::from),
+        ),
+        ("xds.overtaken_by", r.overtaken_by.clone().map(Value::from)),
+        ("xds.end_message", r.end_message.clone().map(Value::from)),
+    ];
+    for (key, value) in span_only {
+        if let Some(v) = value {
+            attributes.push(KeyValue::new(key, v));
+        }
+    }
+    for (key, value) in both {
+        if let Some(v) = value {
+            attributes.push(KeyValue::new(key, v.clone()));
+            answer.push(KeyValue::new(key, v));
+        }
+    }
+    let status = match (&r.error_message, r.verdict) {
+        (Some(message), _) => Status::Error {
+            description: Cow::Owned(message.clone()),
+        },
+        (None, "ack") => Status::Ok,
+        _ => Status::Unset,
+    };
+    (attributes, answer, status)
 }
 
 impl Sink for SpanSink {

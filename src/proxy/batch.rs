@@ -1,8 +1,8 @@
 //! Fewer, larger socket reads and writes under the HTTP/2 codec.
 //!
 //! The h2 crate reads about one frame per `recv`, and less: its read buffer is sized to the frame
-//! it is decoding, so forwarding 16 KiB frames cost about two `recv` calls per frame, and the
-//! kernel's per-call work dominated the tap's CPU (README, performance). [`Batched`] sits between
+//! it is decoding, so forwarding 16 KiB frames costs about two `recv` calls per frame, and the
+//! kernel's per-call work dominates. [`Batched`] sits between
 //! the codec (or TLS) and the socket: while data keeps arriving, one `recv` of up to
 //! [`READ_CHUNK`] fills a buffer that serves the codec's next reads. The buffer is allocated at
 //! the start of a burst and freed at its end, so an idle connection holds none.
@@ -11,9 +11,8 @@
 //! The task that drives a connection polls it through its [`Gate`]: during that poll the codec's
 //! writes are gathered (up to [`WRITE_GATHER`]) and its flushes put off, and at the end of the
 //! poll everything gathered goes out in one `write`, as an event loop writes at the end of its
-//! turn. Nothing waits past the poll that produced it, and the buffer is freed once written.
-//! (An earlier attempt put the flush off to the connection task's next poll instead; the bytes
-//! then waited behind every other ready task, and 1,000 busy streams slowed down.)
+//! turn. Nothing waits past the poll that produced it (the bytes would wait behind every other
+//! ready task), and the buffer is freed once written.
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;

@@ -1,0 +1,356 @@
+//! The shape of the library, checked: the one-way rules `src/lib.rs` states (which module may
+//! use which), and no function longer than about a hundred lines. Reads `src/` as text, with
+//! comments and string literals blanked out first.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Functions allowed past [`LONGEST`] lines, each with its reason.
+const LONG_FUNCTIONS: &[(&str, &str)] = &[(
+    "forward",
+    "proxy/stream.rs: one poll over both halves of an h2 stream and every way it can end, \
+     each passed on to the other side",
+)];
+
+/// The most lines a function may span, signature to closing brace.
+const LONGEST: usize = 100;
+
+/// A source file: its path under `src/`, and its text with comments and literals blanked.
+struct Source {
+    path: String,
+    code: String,
+}
+
+/// `src/`'s files.
+fn sources() -> Vec<Source> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let p = entry.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|e| e == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    walk(&root, &mut files);
+    files.sort();
+    files
+        .into_iter()
+        .map(|p| Source {
+            path: p.strip_prefix(&root).unwrap().display().to_string(),
+            code: blank(&std::fs::read_to_string(&p).unwrap()),
+        })
+        .collect()
+}
+
+/// `text` with comments, string literals and char literals replaced by spaces (newlines kept,
+/// so line numbers hold).
+fn blank(text: &str) -> String {
+    let c: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    let keep = |ch: char| if ch == '\n' { '\n' } else { ' ' };
+    while i < c.len() {
+        let at = |k: usize| c.get(k).copied().unwrap_or('\0');
+        let rest = |k: usize| at(i + k);
+        // Line and block comments.
+        if c[i] == '/' && rest(1) == '/' {
+            while i < c.len() && c[i] != '\n' {
+                out.push(' ');
+                i += 1;
+            }
+            continue;
+        }
+        if c[i] == '/' && rest(1) == '*' {
+            while i < c.len() && !(c[i] == '*' && at(i + 1) == '/') {
+                out.push(keep(c[i]));
+                i += 1;
+            }
+            out.push_str("  ");
+            i += 2;
+            continue;
+        }
+        // Raw strings r"..." and r#"..."#.
+        if c[i] == 'r' && (rest(1) == '"' || (rest(1) == '#' && (rest(2) == '"' || rest(2) == '#')))
+        {
+            let mut hashes = 0;
+            let mut j = i + 1;
+            while c.get(j) == Some(&'#') {
+                hashes += 1;
+                j += 1;
+            }
+            j += 1;
+            loop {
+                if j >= c.len() {
+                    break;
+                }
+                if c[j] == '"' && (0..hashes).all(|h| c.get(j + 1 + h) == Some(&'#')) {
+                    j += 1 + hashes;
+                    break;
+                }
+                j += 1;
+            }
+            out.extend(c[i..j.min(c.len())].iter().map(|&ch| keep(ch)));
+            i = j;
+            continue;
+        }
+        // Strings, with escapes.
+        if c[i] == '"' {
+            let mut j = i + 1;
+            while j < c.len() && c[j] != '"' {
+                j += if c[j] == '\\' { 2 } else { 1 };
+            }
+            out.extend(c[i..(j + 1).min(c.len())].iter().map(|&ch| keep(ch)));
+            i = j + 1;
+            continue;
+        }
+        // Char literals ('x', '\n', '\''), not lifetimes ('a).
+        if c[i] == '\'' && (rest(2) == '\'' || rest(1) == '\\') {
+            let mut j = i + 1;
+            if c[j] == '\\' {
+                j += 1;
+            }
+            j += 1;
+            while j < c.len() && c[j] != '\'' {
+                j += 1;
+            }
+            out.extend(c[i..(j + 1).min(c.len())].iter().map(|&ch| keep(ch)));
+            i = j + 1;
+            continue;
+        }
+        out.push(c[i]);
+        i += 1;
+    }
+    out
+}
+
+/// The top-level module a file belongs to: `proxy` for `proxy.rs` and `proxy/stream.rs`.
+fn module(path: &str) -> String {
+    let first = path.split('/').next().unwrap();
+    first.trim_end_matches(".rs").to_string()
+}
+
+/// The crate modules a file names (`crate::x`, or `xdstap::x` in the binary).
+fn uses(code: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    for prefix in ["crate::", "xdstap::"] {
+        for (i, _) in code.match_indices(prefix) {
+            if code[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
+                continue;
+            }
+            let name: String = code[i + prefix.len()..]
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() && name.chars().next().is_some_and(|c| c.is_lowercase()) {
+                found.insert(name);
+            }
+        }
+    }
+    found
+}
+
+/// Whether `code` uses tokio or reads a clock.
+fn async_or_clock(code: &str) -> Vec<&'static str> {
+    ["tokio::", "use tokio", "SystemTime", "Instant"]
+        .into_iter()
+        .filter(|w| code.contains(w))
+        .collect()
+}
+
+/// Every breach of the one-way rules in `files` (path under `src/`, blanked code).
+fn breaches(files: &[Source]) -> Vec<String> {
+    let mut out = Vec::new();
+    let assembly = ["server", "main"];
+    for f in files {
+        let m = module(&f.path);
+        let used = uses(&f.code);
+        let mut no = |what: &str, why: &str| out.push(format!("src/{}: {what}: {why}", f.path));
+        match m.as_str() {
+            "proxy" => {
+                for dep in ["grpc", "xds", "correlate", "tap", "observe"] {
+                    if used.contains(dep) {
+                        no(
+                            &format!("uses {dep}"),
+                            "proxy knows HTTP/2 and nothing of gRPC or xDS",
+                        );
+                    }
+                }
+            }
+            "grpc" | "xds" | "correlate" => {
+                for w in async_or_clock(&f.code) {
+                    no(
+                        &format!("uses {w}"),
+                        "the core runs no tasks and reads no clock",
+                    );
+                }
+                if used.contains("observe") {
+                    no("uses observe", "the core knows nothing of its sinks");
+                }
+                if m == "correlate" {
+                    for dep in used
+                        .iter()
+                        .filter(|d| !["xds", "correlate"].contains(&d.as_str()))
+                    {
+                        no(&format!("uses {dep}"), "correlate imports only from xds");
+                    }
+                }
+            }
+            _ => {}
+        }
+        for dep in ["tap", "demo", "main"] {
+            if used.contains(dep) && m != dep && !assembly.contains(&m.as_str()) {
+                no(
+                    &format!("uses {dep}"),
+                    "only the assembly (server, main) uses tap, demo or the binary",
+                );
+            }
+        }
+    }
+    out
+}
+
+/// Every function in `files` longer than [`LONGEST`] lines: (path:line name, lines).
+fn long_functions(files: &[Source]) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for f in files {
+        let lines: Vec<&str> = f.code.lines().collect();
+        for (n, line) in lines.iter().enumerate() {
+            let t = line.trim_start();
+            let Some(after) = [
+                "fn ",
+                "pub fn ",
+                "pub(crate) fn ",
+                "pub(super) fn ",
+                "async fn ",
+                "pub async fn ",
+                "pub(crate) async fn ",
+                "pub(super) async fn ",
+            ]
+            .iter()
+            .find_map(|p| t.strip_prefix(p)) else {
+                continue;
+            };
+            let name: String = after
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            // From the signature to the brace that closes the body.
+            let (mut depth, mut opened, mut end) = (0i32, false, None);
+            'scan: for (k, l) in lines.iter().enumerate().skip(n) {
+                for ch in l.chars() {
+                    match ch {
+                        '{' => {
+                            depth += 1;
+                            opened = true;
+                        }
+                        '}' => depth -= 1,
+                        ';' if !opened => break 'scan,
+                        _ => {}
+                    }
+                    if opened && depth == 0 {
+                        end = Some(k);
+                        break 'scan;
+                    }
+                }
+            }
+            if let Some(end) = end {
+                let span = end - n + 1;
+                if span > LONGEST {
+                    out.insert(format!("src/{}:{} {name}", f.path, n + 1), span);
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_one_way_rules_hold() {
+    let found = breaches(&sources());
+    assert!(
+        found.is_empty(),
+        "one-way rules broken:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn no_function_is_over_a_hundred_lines() {
+    let long = long_functions(&sources());
+    let unexplained: Vec<String> = long
+        .iter()
+        .filter(|(at, _)| {
+            !LONG_FUNCTIONS
+                .iter()
+                .any(|(name, _)| at.ends_with(&format!(" {name}")))
+        })
+        .map(|(at, n)| format!("{at}: {n} lines"))
+        .collect();
+    assert!(
+        unexplained.is_empty(),
+        "functions over {LONGEST} lines:\n{}",
+        unexplained.join("\n")
+    );
+}
+
+/// The checks find what they are for: a planted violation of each rule is reported.
+#[test]
+fn planted_violations_are_found() {
+    let file = |path: &str, code: &str| Source {
+        path: path.into(),
+        code: blank(code),
+    };
+    let planted = [
+        file("proxy/relay.rs", "use crate::xds::Api;\n"),
+        file(
+            "xds/scan.rs",
+            "fn t() { let _ = std::time::Instant::now(); }\n",
+        ),
+        file("correlate.rs", "use crate::grpc::Deframer;\n"),
+        file(
+            "grpc.rs",
+            "async fn f() { tokio::task::yield_now().await }\n",
+        ),
+        file("admin.rs", "fn f() { crate::tap::now(); }\n"),
+        file("observe/board.rs", "use crate::demo::story;\n"),
+    ];
+    let found = breaches(&planted);
+    for (f, want) in planted.iter().zip([
+        "uses xds",
+        "uses Instant",
+        "uses grpc",
+        "uses tokio::",
+        "uses tap",
+        "uses demo",
+    ]) {
+        assert!(
+            found
+                .iter()
+                .any(|b| b.starts_with(&format!("src/{}: {want}", f.path))),
+            "{want} in {} not found: {found:?}",
+            f.path
+        );
+    }
+    // Comments and strings do not count; the assembly may use anything.
+    let fine = [
+        file(
+            "proxy/listen.rs",
+            "// crate::xds is not used here\nlet s = \"crate::tap\";\n",
+        ),
+        file("server.rs", "use crate::tap::Pipeline;\n"),
+        file("main.rs", "fn main() { xdstap::demo::run(); }\n"),
+    ];
+    assert!(breaches(&fine).is_empty(), "{:?}", breaches(&fine));
+    let long = file(
+        "x.rs",
+        &format!(
+            "fn long() {{\n{}}}\nfn short() {{ }}\n",
+            "    let _ = 1;\n".repeat(LONGEST)
+        ),
+    );
+    assert_eq!(long_functions(&[long]).len(), 1);
+}

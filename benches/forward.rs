@@ -220,7 +220,7 @@ fn bench(c: &mut Criterion) {
             queue_capacity: 16_384,
             decode_limit: xdstap::config::DEFAULT_DECODE_LIMIT,
         };
-        let pipeline = Pipeline::start(options, stats.clone(), Vec::new());
+        let pipeline = Pipeline::start(options, stats.clone(), Vec::new()).unwrap();
         let tap_decode = start_tap(&direct, pipeline.tap.clone()).await;
         (direct, tap, tap_decode, pipeline)
     });

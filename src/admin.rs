@@ -29,7 +29,7 @@ pub struct Admin {
 pub async fn serve(listener: Listener, admin: Arc<Admin>) {
     loop {
         let conn = match listener.accept().await {
-            Ok((io, _, _)) => io,
+            Ok((io, _)) => io,
             Err(e) => {
                 tracing::warn!("admin accept failed: {e}");
                 tokio::time::sleep(Duration::from_millis(100)).await;

@@ -1,5 +1,5 @@
 //! The options, defined once: [`Options`] is both the flags (clap) and the YAML file's keys
-//! (serde), and every flag's clap id is its YAML key (`http2.stream_window` is `--stream-window`).
+//! (serde), and every flag's clap id is its YAML key (`admin.stale_after` is `--stale-after`).
 //! A file is read into `Options`, the flags given replace what they name, and
 //! [`Options::resolve`] validates the result into a [`Config`], one function per section. Every
 //! error names the option, its flag and the bad value; `main` exits 64 (EX_USAGE) on any of them.
@@ -64,7 +64,7 @@ pub enum ConfigError {
     },
 }
 
-/// The YAML key of an option with its flag: `http2.stream_window (--stream-window)`.
+/// The YAML key of an option with its flag: `admin.stale_after (--stale-after)`.
 pub fn option_name(id: &str) -> String {
     let command = Options::augment_args(clap::Command::new("xdstap"));
     let long = command
@@ -210,20 +210,6 @@ impl fmt::Display for Size {
     }
 }
 
-impl Size {
-    /// The size as a `u32` within `min..=max`, or an error naming option `id`.
-    fn within(self, id: &str, min: u32, max: u32) -> Result<u32, ConfigError> {
-        if self.0 < min as u64 || self.0 > max as u64 {
-            return Err(invalid(
-                id,
-                self,
-                format!("must be between {min} and {max} bytes"),
-            ));
-        }
-        Ok(self.0 as u32)
-    }
-}
-
 /// A duration: `10s`, `500ms`, `2m`, `1h`; a bare number is seconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Duration(pub std::time::Duration);
@@ -353,9 +339,6 @@ pub struct Options {
     #[command(flatten)]
     #[serde(deserialize_with = "UpstreamTlsOptions::from_section")]
     pub upstream_tls: UpstreamTlsOptions,
-    /// HTTP/2 settings the tap advertises.
-    #[command(flatten)]
-    pub http2: Http2Options,
     /// Logging.
     #[command(flatten)]
     pub log: LogOptions,
@@ -425,35 +408,6 @@ pub struct UpstreamTlsOptions {
     #[arg(skip)]
     #[serde(skip)]
     pub in_file: bool,
-}
-
-/// `http2:`.
-#[derive(Debug, Default, Clone, Args, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-#[command(next_help_heading = "HTTP/2")]
-pub struct Http2Options {
-    /// HTTP/2 stream window, both sides; also the most the tap buffers per stream and direction
-    /// [default: 1MiB].
-    #[arg(
-        id = "http2.stream_window",
-        long = "stream-window",
-        value_name = "SIZE"
-    )]
-    pub stream_window: Option<Size>,
-    /// HTTP/2 connection window, both sides [default: 8MiB].
-    #[arg(
-        id = "http2.connection_window",
-        long = "connection-window",
-        value_name = "SIZE"
-    )]
-    pub connection_window: Option<Size>,
-    /// Largest HTTP/2 DATA frame accepted, bytes [default: 16384].
-    #[arg(
-        id = "http2.max_frame_size",
-        long = "max-frame-size",
-        value_name = "SIZE"
-    )]
-    pub max_frame_size: Option<Size>,
 }
 
 /// `log:`.
@@ -681,7 +635,7 @@ impl Options {
             upstream,
             tls: self.tls.resolve()?,
             upstream_tls: self.upstream_tls.resolve()?,
-            proxy: proxy_settings(&self.http2, self.shutdown_grace, self.connect_timeout)?,
+            proxy: proxy_settings(self.shutdown_grace, self.connect_timeout)?,
             log_format,
             log_level,
             decode_limit: self.decode_limit.map_or(DEFAULT_DECODE_LIMIT, |s| s.0),
@@ -706,7 +660,7 @@ fn threads(n: Option<Count>) -> Result<usize, ConfigError> {
     }
 }
 
-/// serde_norway says `http2.stream_window: "lots": expected ... at line 4 column 18`; this
+/// serde_norway says `admin.stale_after: "lots": expected ... at line 4 column 18`; this
 /// names the key's flag too, as every other option error does.
 fn name_the_key(message: &str) -> String {
     match message.split_once(": ") {
@@ -779,42 +733,16 @@ impl UpstreamTlsOptions {
 }
 
 fn proxy_settings(
-    h2: &Http2Options,
     shutdown_grace: Option<Duration>,
     connect_timeout: Option<Duration>,
 ) -> Result<Settings, ConfigError> {
     let defaults = Settings::default();
-    let window = |id: &str, v: Option<Size>, default: u32, min: u32, max: u32| {
-        v.map_or(Ok(default), |s| s.within(id, min, max))
-    };
     Ok(Settings {
-        stream_window: window(
-            "http2.stream_window",
-            h2.stream_window,
-            defaults.stream_window,
-            65_535,
-            (1 << 31) - 1,
-        )?,
-        connection_window: window(
-            "http2.connection_window",
-            h2.connection_window,
-            defaults.connection_window,
-            65_535,
-            (1 << 31) - 1,
-        )?,
-        max_frame_size: window(
-            "http2.max_frame_size",
-            h2.max_frame_size,
-            defaults.max_frame_size,
-            16_384,
-            (1 << 24) - 1,
-        )?,
         shutdown_grace: shutdown_grace.map_or(defaults.shutdown_grace, |d| d.0),
         connect_timeout: match connect_timeout {
             Some(d) => d.positive("connect_timeout")?,
             None => defaults.connect_timeout,
         },
-        ..defaults
     })
 }
 
@@ -919,7 +847,7 @@ mod tests {
             options: Options,
         }
         let file = yaml(
-            "listen: 127.0.0.1:1\nupstream: 127.0.0.1:2\nhttp2:\n  stream_window: 1MiB\nshutdown_grace: 3s\n",
+            "listen: 127.0.0.1:1\nupstream: 127.0.0.1:2\nadmin:\n  stale_after: 5s\nshutdown_grace: 3s\n",
         );
         let matches = Flags::command()
             .try_get_matches_from([
@@ -933,7 +861,10 @@ mod tests {
         let c = file.with_flags(&matches).unwrap().resolve().unwrap();
         assert_eq!(c.listen, Endpoint::Tcp("127.0.0.1:9".into()));
         assert_eq!(c.upstream, Endpoint::Unix("/tmp/cp.sock".into()));
-        assert_eq!(c.proxy.stream_window, 1 << 20);
+        assert_eq!(
+            c.admin.unwrap().status.stale_after,
+            std::time::Duration::from_secs(5)
+        );
         assert_eq!(c.proxy.shutdown_grace, std::time::Duration::from_secs(3));
     }
 
@@ -968,11 +899,11 @@ mod tests {
 
     #[test]
     fn errors_name_the_option_and_value() {
-        let e = Options::from_flags(["--stream-window", "12 parsecs"])
+        let e = Options::from_flags(["--decode-limit", "12 parsecs"])
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("http2.stream_window (--stream-window)") && e.contains("12 parsecs"),
+            e.contains("decode_limit (--decode-limit)") && e.contains("12 parsecs"),
             "{e}"
         );
         let e = Options::from_flags(["--listen", "nowhere"])
@@ -987,12 +918,12 @@ mod tests {
             .to_string();
         assert!(e.contains("listn"), "{e}");
         let e = name_the_key(
-            &serde_norway::from_str::<Options>("http2:\n  max_frame_size: huge\n")
+            &serde_norway::from_str::<Options>("admin:\n  forget_after: huge\n")
                 .unwrap_err()
                 .to_string(),
         );
         assert!(
-            e.starts_with("invalid http2.max_frame_size (--max-frame-size) \"huge\""),
+            e.starts_with("invalid admin.forget_after (--forget-after) \"huge\""),
             "{e}"
         );
         let e = flags(&[

@@ -1,6 +1,6 @@
 //! Where correlation events go: a bounded queue (the tap hands events over with `try_send` and
-//! never waits; a full queue drops and counts), drained by one task into the sinks. Sinks here:
-//! one log line per verdict, and a recorder the status view and tests read.
+//! never waits; a full queue drops and counts), drained by a thread of its own into the sinks.
+//! Sinks here: one log line per verdict, and a recorder the demo and tests read.
 
 pub mod board;
 pub mod eventlog;
@@ -77,63 +77,78 @@ impl TapStats {
     }
 }
 
+/// What the event queue carries.
+enum Queued {
+    Event(Event),
+    /// Deliver what came before, then stop.
+    Stop,
+}
+
 /// The sending end of the event queue. Cloned into every observed stream.
 #[derive(Clone)]
 pub struct EventSender {
-    tx: mpsc::Sender<Event>,
+    tx: mpsc::Sender<Queued>,
     stats: Arc<TapStats>,
 }
 
 impl EventSender {
     /// Hands an event over without waiting; drops and counts it when the queue is full.
     pub fn send(&self, event: Event) {
-        if self.tx.try_send(event).is_err() {
+        if self.tx.try_send(Queued::Event(event)).is_err() {
             self.stats.dropped_events.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
 
-/// A bounded event queue of `capacity` events.
-pub fn queue(capacity: usize, stats: Arc<TapStats>) -> (EventSender, mpsc::Receiver<Event>) {
-    let (tx, rx) = mpsc::channel(capacity.max(1));
-    (EventSender { tx, stats }, rx)
-}
-
-/// Something that consumes events. Runs on the queue's task, never on the forwarding path.
+/// Something that consumes events. Runs on the sinks' own thread, never on the forwarding path.
 pub trait Sink: Send {
     /// One event.
     fn on_event(&mut self, event: &Event);
 }
 
-/// Drains the queue into the sinks until every sender is gone or `stop` fires; on `stop`, what
-/// is already queued is still delivered. The sinks are dropped on return (which lets exporters
-/// flush).
-pub async fn drain(
-    mut rx: mpsc::Receiver<Event>,
-    mut sinks: Vec<Box<dyn Sink>>,
-    stop: tokio::sync::oneshot::Receiver<()>,
-) {
-    let mut stop = std::pin::pin!(stop);
-    loop {
-        tokio::select! {
-            event = rx.recv() => match event {
-                Some(event) => deliver(&mut sinks, &event),
-                None => return,
-            },
-            _ = &mut stop => {
-                rx.close();
-                while let Ok(event) = rx.try_recv() {
-                    deliver(&mut sinks, &event);
-                }
-                return;
-            }
-        }
-    }
+/// The sinks at work: a thread of their own draining the bounded event queue, so that they
+/// never take a turn from the forwarding tasks, and forwarding never waits for them (a full
+/// queue drops and counts).
+pub struct Sinks {
+    tx: mpsc::Sender<Queued>,
+    done: tokio::sync::oneshot::Receiver<()>,
 }
 
-fn deliver(sinks: &mut [Box<dyn Sink>], event: &Event) {
-    for sink in sinks.iter_mut() {
-        sink.on_event(event);
+impl Sinks {
+    /// Starts the thread with `sinks`; events wait in a queue of `capacity`. Returns the
+    /// senders' end.
+    pub fn start(
+        capacity: usize,
+        stats: Arc<TapStats>,
+        mut sinks: Vec<Box<dyn Sink>>,
+    ) -> std::io::Result<(EventSender, Sinks)> {
+        let (tx, mut rx) = mpsc::channel(capacity.max(1));
+        let (done_tx, done) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("xdstap-sinks".into())
+            .spawn(move || {
+                while let Some(Queued::Event(event)) = rx.blocking_recv() {
+                    for sink in sinks.iter_mut() {
+                        sink.on_event(&event);
+                    }
+                }
+                // Dropping the sinks lets exporters flush.
+                drop(sinks);
+                let _ = done_tx.send(());
+            })?;
+        Ok((
+            EventSender {
+                tx: tx.clone(),
+                stats,
+            },
+            Sinks { tx, done },
+        ))
+    }
+
+    /// Delivers everything queued so far, then drops the sinks.
+    pub async fn close(self) {
+        let _ = self.tx.send(Queued::Stop).await;
+        let _ = self.done.await;
     }
 }
 

@@ -1,65 +1,60 @@
-//! Transparent HTTP/2 forwarding: accept, one upstream stream per downstream stream, frames passed
-//! on as they come. Knows HTTP/2 and nothing of gRPC or xDS; every DATA chunk is shown to an
-//! [`Observe`]r before it is forwarded, and forwarding never waits on the observer.
+//! Transparent HTTP/2 forwarding: accept a client connection, dial one upstream connection for
+//! it, and relay the peers' own bytes both ways, reading the frames as they pass. Knows HTTP/2
+//! framing and nothing of gRPC or xDS; every DATA payload is shown to an [`Observe`]r before it
+//! is forwarded, and forwarding never waits on the observer.
+//!
+//! - `listen`: where the tap listens; `tls`: rustls on either side; `upstream`: dialing.
+//! - `relay`: one connection pair, both directions in one task, moving bytes.
+//! - `observation`: what the bytes mean: streams and their observers, for one connection;
+//!   `frame` and `headers` read frames and HPACK header blocks for it.
+//! - `unavailable`: the one case the tap speaks HTTP/2 itself, an upstream it cannot reach.
 
-mod batch;
-mod connection;
+mod frame;
+mod headers;
 mod listen;
-mod stream;
+mod observation;
+mod relay;
 mod tls;
+mod unavailable;
 mod upstream;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::HeaderMap;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
 
+pub use frame::{Broken, Frame, FrameReader, PREFACE};
+pub use headers::{HeaderReader, Headers, HpackError};
 pub use listen::{Endpoint, Io, Listener};
+pub use observation::{Observation, MAX_HEADER_BLOCK, MAX_STREAMS};
+pub use relay::READ_CHUNK;
 pub use tls::{ClientTls, ServerTls, TlsError};
 pub use upstream::{ConnectError, Connector};
 
-/// HTTP/2 settings the tap advertises on both sides.
+/// How the tap forwards.
 #[derive(Clone, Debug)]
 pub struct Settings {
-    /// Initial stream flow-control window, bytes. Also the bound on bytes buffered per stream and
-    /// direction.
-    pub stream_window: u32,
-    /// Initial connection flow-control window, bytes.
-    pub connection_window: u32,
-    /// Largest DATA frame payload we accept, bytes.
-    pub max_frame_size: u32,
-    /// Largest header list accepted from either side (Envoy's default is 60 KiB).
-    pub max_header_list_size: u32,
     /// How long open streams may run after a shutdown signal before they are cut.
     pub shutdown_grace: Duration,
-    /// How long to wait for the upstream TCP/TLS/HTTP2 handshake.
+    /// How long the upstream connect (TCP, TLS) and the client's TLS handshake may take.
     pub connect_timeout: Duration,
 }
 
 impl Default for Settings {
     fn default() -> Self {
-        // The stream window is also what the tap may hold per stream and direction when the
-        // receiver is slower than the sender, so it bounds the tap's memory for a big push.
-        // 1 MiB moves pushes at full speed wherever the round trip is about a millisecond or
-        // less; a stream moves at most one window per round trip, so links with a long round
-        // trip want more (Envoy uses 16 MiB and 24 MiB).
         Settings {
-            stream_window: 1 << 20,
-            connection_window: 8 << 20,
-            max_frame_size: 16_384,
-            max_header_list_size: 64 << 10,
             shutdown_grace: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(10),
         }
     }
 }
 
-/// Which way a chunk travels.
+/// Which way bytes travel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Direction {
     /// Client to control plane (requests).
@@ -84,8 +79,8 @@ pub struct StreamInfo<'a> {
     pub id: u64,
     /// `:path`, e.g. `/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources`.
     pub path: &'a str,
-    /// Request headers as the client sent them.
-    pub headers: &'a HeaderMap,
+    /// The request header fields the tap reads.
+    pub headers: &'a Headers,
     /// Downstream peer address.
     pub downstream: &'a str,
     /// Upstream address.
@@ -93,41 +88,48 @@ pub struct StreamInfo<'a> {
 }
 
 /// How a forwarded stream ended.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum StreamEnd {
-    /// Both halves closed normally.
+    /// Both halves ended normally.
     Complete,
-    /// A peer reset the stream with this HTTP/2 error code; the tap passed the reset on.
+    /// A peer reset the stream with this HTTP/2 error code (the reset went on to the other).
     Reset {
         /// Who reset it.
         by: Side,
         /// The RST_STREAM error code.
         reason: u32,
     },
-    /// A connection failed under the stream (I/O error, GOAWAY, connect failure).
+    /// A connection closed or failed under the stream, or a GOAWAY left it unprocessed.
     Failed {
-        /// Whose connection failed.
+        /// Whose connection.
         by: Side,
-        /// What failed, for humans.
+        /// What happened, for humans.
+        message: String,
+    },
+    /// The tap stopped following it: observation of its connection stopped, or the tap shut
+    /// down before the stream ended. The bytes were never held up.
+    Cut {
+        /// Why, for humans.
         message: String,
     },
 }
 
 /// Creates one [`StreamObserver`] per forwarded stream.
 pub trait Observe: Send + Sync + 'static {
-    /// Called once when a stream opens, before anything is forwarded.
+    /// Called once when a stream opens, before anything of it is forwarded.
     fn on_stream(&self, info: &StreamInfo<'_>) -> Box<dyn StreamObserver>;
 }
 
 /// Sees one stream's traffic. Calls come from the forwarding task, so they must be quick and
 /// must never block: hand anything slow to a queue.
 pub trait StreamObserver: Send {
-    /// A DATA chunk, shown before it is forwarded.
+    /// A slice of DATA payload (padding stripped), shown before it is forwarded.
     fn on_data(&mut self, direction: Direction, chunk: &Bytes);
-    /// Response headers (a trailers-only gRPC response carries `grpc-status` here).
-    fn on_response_headers(&mut self, _headers: &HeaderMap) {}
-    /// Trailers, shown before they are forwarded.
-    fn on_trailers(&mut self, _direction: Direction, _trailers: &HeaderMap) {}
+    /// The response's first header block (a trailers-only gRPC response carries
+    /// `grpc-status` here).
+    fn on_response_headers(&mut self, _headers: &Headers) {}
+    /// A later header block: trailers, shown before they are forwarded.
+    fn on_trailers(&mut self, _direction: Direction, _trailers: &Headers) {}
     /// The stream is over.
     fn on_end(&mut self, _end: &StreamEnd) {}
 }
@@ -154,23 +156,25 @@ pub struct ProxyStats {
     pub connections_total: AtomicU64,
     /// Downstream connections open now.
     pub connections_active: AtomicU64,
-    /// Streams forwarded.
+    /// Streams seen opening.
     pub streams_total: AtomicU64,
-    /// Streams open now.
+    /// Streams open now (as observed).
     pub streams_active: AtomicU64,
-    /// DATA payload bytes forwarded client to upstream.
+    /// Bytes relayed client to upstream.
     pub request_bytes: AtomicU64,
-    /// DATA payload bytes forwarded upstream to client.
+    /// Bytes relayed upstream to client.
     pub response_bytes: AtomicU64,
     /// Failed upstream connection attempts.
     pub upstream_connect_errors: AtomicU64,
-    /// Downstream connections that failed their TLS or HTTP/2 handshake.
+    /// Downstream connections that failed their TLS handshake.
     pub handshake_errors: AtomicU64,
-    /// Downstream connections that ended with an error (a protocol violation, a flood, a
-    /// broken socket), after their handshake.
+    /// Connections whose relay ended with an I/O error on either side.
     pub connection_errors: AtomicU64,
-    /// Most bytes one stream and direction ever held inside the tap (received, not yet handed on).
-    pub peak_stream_buffered: AtomicU64,
+    /// Most bytes one direction of a connection ever held inside the tap (read, not yet
+    /// written).
+    pub peak_buffered: AtomicU64,
+    /// Connections whose observation stopped, by reason (forwarding went on).
+    pub observation_stopped: Mutex<Vec<(&'static str, u64)>>,
 }
 
 impl ProxyStats {
@@ -184,15 +188,46 @@ impl ProxyStats {
     pub fn get(counter: &AtomicU64) -> u64 {
         counter.load(Ordering::Relaxed)
     }
+
+    fn count_stopped(&self, reason: &'static str) {
+        let mut counts = self
+            .observation_stopped
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match counts.iter_mut().find(|(r, _)| *r == reason) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((reason, 1)),
+        }
+    }
+
+    /// Connections whose observation stopped for `reason` (`not_http2`, `header_block`,
+    /// `header_block_too_large`, `malformed_frame`, `streams`).
+    pub fn stopped(&self, reason: &str) -> u64 {
+        self.observation_stopped
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|(r, _)| *r == reason)
+            .map_or(0, |(_, n)| *n)
+    }
+}
+
+/// Decrements a gauge when dropped, so every exit path counts.
+struct Decrement<'a>(&'a AtomicU64);
+
+impl Drop for Decrement<'_> {
+    fn drop(&mut self) {
+        ProxyStats::sub(self.0, 1);
+    }
 }
 
 /// Everything a connection task needs, shared.
 pub(crate) struct Shared {
     pub settings: Settings,
-    pub connector: Arc<Connector>,
+    pub connector: Connector,
     pub observer: Arc<dyn Observe>,
     pub stats: Arc<ProxyStats>,
-    pub next_stream: AtomicU64,
+    pub next_stream: Arc<AtomicU64>,
 }
 
 /// A forwarder: a listener, an upstream, an observer.
@@ -212,10 +247,10 @@ impl Proxy {
     ) -> Self {
         let shared = Arc::new(Shared {
             settings,
-            connector: Arc::new(connector),
+            connector,
             observer,
             stats,
-            next_stream: AtomicU64::new(1),
+            next_stream: Arc::new(AtomicU64::new(1)),
         });
         Proxy { listener, shared }
     }
@@ -230,8 +265,9 @@ impl Proxy {
         self.listener.local_addr()
     }
 
-    /// Serves until `shutdown` resolves, then stops accepting, sends GOAWAY on every connection
-    /// and gives open streams `shutdown_grace` to finish before cutting them.
+    /// Serves until `shutdown` resolves; then stops accepting, sends each client a GOAWAY
+    /// (between two of the upstream's frames), and gives open streams `shutdown_grace` before
+    /// cutting them. Every observer has seen its stream end when this returns.
     pub async fn serve(self, shutdown: impl Future<Output = ()>) {
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut connections = JoinSet::new();
@@ -241,12 +277,11 @@ impl Proxy {
             tokio::select! {
                 _ = &mut shutdown => break,
                 accepted = self.listener.accept() => match accepted {
-                    Ok((io, gate, peer)) => {
+                    Ok((io, peer)) => {
                         next_conn += 1;
                         let shared = self.shared.clone();
-                        let stop = stop_rx.clone();
                         let tls = self.listener.tls();
-                        connections.spawn(connection::serve(io, gate, tls, peer, next_conn, shared, stop));
+                        connections.spawn(connection(io, tls, peer, next_conn, shared, stop_rx.clone()));
                     }
                     Err(e) => {
                         // EMFILE and friends: back off briefly instead of spinning.
@@ -270,40 +305,84 @@ impl Proxy {
                 connections = connections.len(),
                 "Grace period over, closing open connections"
             );
+            // Cutting a relay drops its observation: its open streams end there and then.
             connections.shutdown().await;
-            // Cut connections cut their streams; wait (briefly) for those tasks to be dropped,
-            // so every observer has seen its stream end before the caller stops observing.
-            let cut = tokio::time::Instant::now();
-            while ProxyStats::get(&self.shared.stats.streams_active) > 0
-                && cut.elapsed() < Duration::from_secs(1)
-            {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
         }
     }
 }
 
-/// Decrements a gauge when dropped, so every exit path counts.
-struct Decrement<'a>(&'a AtomicU64);
-
-impl Drop for Decrement<'_> {
-    fn drop(&mut self) {
-        ProxyStats::sub(self.0, 1);
-    }
-}
-
-/// Headers that describe one hop and must not be forwarded (RFC 9110 §7.6.1, RFC 9113 §8.2.2).
-pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    for name in [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "transfer-encoding",
-        "upgrade",
-    ] {
-        headers.remove(name);
-    }
-    if headers.get("te").is_some_and(|v| v != "trailers") {
-        headers.remove("te");
+/// One client connection: TLS if configured, dial the upstream, relay until either side ends.
+async fn connection(
+    io: Io,
+    tls: Option<TlsAcceptor>,
+    peer: String,
+    conn_id: u64,
+    shared: Arc<Shared>,
+    stop: watch::Receiver<bool>,
+) {
+    let stats = shared.stats.clone();
+    ProxyStats::add(&stats.connections_total, 1);
+    ProxyStats::add(&stats.connections_active, 1);
+    let _active = Decrement(&stats.connections_active);
+    let timeout = shared.settings.connect_timeout;
+    let io: Io = match tls {
+        Some(acceptor) => match tokio::time::timeout(timeout, acceptor.accept(io)).await {
+            Ok(Ok(tls)) => Box::new(tls),
+            Ok(Err(e)) => {
+                ProxyStats::add(&stats.handshake_errors, 1);
+                tracing::warn!(%peer, error = %e, "Client TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                ProxyStats::add(&stats.handshake_errors, 1);
+                tracing::warn!(%peer, ?timeout, "Client TLS handshake timed out");
+                return;
+            }
+        },
+        None => io,
+    };
+    let upstream = match shared.connector.dial(timeout).await {
+        Ok(u) => u,
+        Err(e) => {
+            ProxyStats::add(&stats.upstream_connect_errors, 1);
+            tracing::warn!(conn = conn_id, %peer, error = %e, "Upstream unavailable");
+            unavailable::answer(io, e.to_string(), shared, peer).await;
+            return;
+        }
+    };
+    tracing::info!(conn = conn_id, %peer, upstream = %shared.connector.endpoint(), "Connection opened");
+    let mut observation = Observation::new(
+        shared.observer.clone(),
+        stats.clone(),
+        shared.next_stream.clone(),
+        peer.clone(),
+        shared.connector.endpoint().to_string(),
+    );
+    let ended = relay::relay(io, upstream, &mut observation, &stats, stop).await;
+    let upstream_addr = shared.connector.endpoint().to_string();
+    let whose = |by: Side| match by {
+        Side::Client => format!("the client {peer}"),
+        Side::Upstream => format!("the control plane {upstream_addr}"),
+    };
+    let end = match &ended {
+        relay::Ended::Closed(by) => StreamEnd::Failed {
+            by: *by,
+            message: format!("{} closed the connection", whose(*by)),
+        },
+        relay::Ended::Drained => StreamEnd::Complete,
+        relay::Ended::Failed(by, e) => {
+            ProxyStats::add(&stats.connection_errors, 1);
+            StreamEnd::Failed {
+                by: *by,
+                message: format!("connection to {}: {e}", whose(*by)),
+            }
+        }
+    };
+    observation.end_all(&end);
+    match ended {
+        relay::Ended::Failed(by, e) => {
+            tracing::info!(conn = conn_id, %peer, ?by, error = %e, "Connection closed")
+        }
+        _ => tracing::info!(conn = conn_id, %peer, "Connection closed"),
     }
 }

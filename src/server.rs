@@ -38,6 +38,9 @@ pub enum StartError {
     /// The span exporter could not be set up.
     #[error(transparent)]
     Spans(#[from] SetupError),
+    /// The sinks' thread could not be started.
+    #[error("cannot start the sinks' thread: {0}")]
+    Sinks(std::io::Error),
 }
 
 impl StartError {
@@ -160,7 +163,8 @@ impl Server {
             },
             tap_stats.clone(),
             sinks,
-        );
+        )
+        .map_err(StartError::Sinks)?;
         let mut observer: Arc<dyn Observe> = pipeline.tap.clone();
         if let Some(wrap) = self.wrap {
             observer = wrap(observer);

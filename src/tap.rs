@@ -6,12 +6,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::HeaderMap;
 
 use crate::correlate::{Correlator, Event, StreamContext};
 use crate::grpc::{Deframer, Event as Frame};
 use crate::observe::{now, EventSender, TapStats};
-use crate::proxy::{Direction, Observe, Side, StreamEnd, StreamInfo, StreamObserver};
+use crate::proxy::{Direction, Headers, Observe, Side, StreamEnd, StreamInfo, StreamObserver};
 use crate::xds::decode::{DecodeError, MessageDecoder};
 use crate::xds::scan::Kind;
 use crate::xds::{Message, Method};
@@ -48,11 +47,7 @@ impl Observe for Tap {
         self.stats
             .api_streams(method.api)
             .fetch_add(1, Ordering::Relaxed);
-        let encoding = info
-            .headers
-            .get("grpc-encoding")
-            .and_then(|v| v.to_str().ok())
-            .map(String::from);
+        let encoding = info.headers.grpc_encoding.clone();
         let context = StreamContext {
             stream_id: info.id,
             api: Some(method.api),
@@ -245,15 +240,12 @@ impl StreamObserver for XdsStream {
         self.flush();
     }
 
-    fn on_response_headers(&mut self, headers: &HeaderMap) {
-        self.response.encoding = headers
-            .get("grpc-encoding")
-            .and_then(|v| v.to_str().ok())
-            .map(String::from);
+    fn on_response_headers(&mut self, headers: &Headers) {
+        self.response.encoding = headers.grpc_encoding.clone();
         self.read_status(headers);
     }
 
-    fn on_trailers(&mut self, direction: Direction, trailers: &HeaderMap) {
+    fn on_trailers(&mut self, direction: Direction, trailers: &Headers) {
         if direction == Direction::Response {
             self.read_status(trailers);
             // The server's trailers end the call, whatever the client does with its half.
@@ -276,7 +268,7 @@ impl StreamObserver for XdsStream {
             StreamEnd::Reset { by, reason } => {
                 format!("reset by {} (HTTP/2 error code {reason})", side(*by))
             }
-            StreamEnd::Failed { by, message } => format!("{} failed: {message}", side(*by)),
+            StreamEnd::Failed { message, .. } | StreamEnd::Cut { message } => message.clone(),
         };
         self.correlator
             .on_stream_end(self.grpc_status, &message, now(), &mut self.pending);
@@ -320,15 +312,11 @@ fn side(s: Side) -> &'static str {
 }
 
 impl XdsStream {
-    fn read_status(&mut self, headers: &HeaderMap) {
-        if let Some(s) = headers
-            .get("grpc-status")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok())
-        {
+    fn read_status(&mut self, headers: &Headers) {
+        if let Some(s) = headers.grpc_status.as_deref().and_then(|v| v.parse().ok()) {
             self.grpc_status = Some(s);
         }
-        if let Some(m) = headers.get("grpc-message").and_then(|v| v.to_str().ok()) {
+        if let Some(m) = headers.grpc_message.as_deref() {
             // grpc-message is percent-encoded (gRPC over HTTP/2, "Responses").
             let decoded = percent_encoding::percent_decode_str(m).decode_utf8_lossy();
             self.grpc_message = Some(decoded.into_owned());
@@ -336,13 +324,11 @@ impl XdsStream {
     }
 }
 
-/// A running observation pipeline: the observer to give the proxy, and the task that drains
-/// its queue into the sinks.
+/// A running observation pipeline: the observer to give the proxy, and the sinks it feeds.
 pub struct Pipeline {
     /// The observer for [`crate::proxy::Proxy::new`].
     pub tap: Arc<Tap>,
-    stop: tokio::sync::oneshot::Sender<()>,
-    drain: tokio::task::JoinHandle<()>,
+    sinks: crate::observe::Sinks,
 }
 
 /// How a [`Pipeline`] is set up.
@@ -355,28 +341,24 @@ pub struct PipelineOptions {
 }
 
 impl Pipeline {
-    /// Starts the queue-draining task (log lines, then `sinks`) on the current runtime,
-    /// counting into `stats`.
+    /// Starts the sinks (log lines, then `sinks`) on their own thread, counting into `stats`.
     pub fn start(
         options: PipelineOptions,
         stats: Arc<TapStats>,
         sinks: Vec<Box<dyn crate::observe::Sink>>,
-    ) -> Pipeline {
-        let (events, rx) = crate::observe::queue(options.queue_capacity, stats.clone());
+    ) -> std::io::Result<Pipeline> {
         let mut all: Vec<Box<dyn crate::observe::Sink>> = vec![Box::new(crate::observe::LogSink)];
         all.extend(sinks);
-        let (stop, stopped) = tokio::sync::oneshot::channel();
-        let drain = tokio::spawn(crate::observe::drain(rx, all, stopped));
-        Pipeline {
+        let (events, sinks) =
+            crate::observe::Sinks::start(options.queue_capacity, stats.clone(), all)?;
+        Ok(Pipeline {
             tap: Arc::new(Tap::new(events, stats, options.decode_limit)),
-            stop,
-            drain,
-        }
+            sinks,
+        })
     }
 
     /// Delivers what is queued, then drops the sinks (exporters flush on drop of their sink).
     pub async fn close(self) {
-        let _ = self.stop.send(());
-        let _ = self.drain.await;
+        self.sinks.close().await;
     }
 }

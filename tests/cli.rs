@@ -153,14 +153,14 @@ fn bad_values_exit_64_naming_option_and_value() {
     let file = dir.join("bad.yaml");
     std::fs::write(
         &file,
-        "listen: 127.0.0.1:1\nupstream: 127.0.0.1:2\nhttp2:\n  stream_window: lots\n",
+        "listen: 127.0.0.1:1\nupstream: 127.0.0.1:2\nadmin:\n  stale_after: lots\n",
     )
     .unwrap();
     let out = xdstap().arg("check-config").arg(&file).output().unwrap();
     assert_eq!(out.status.code(), Some(64));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("http2.stream_window") && err.contains("lots"),
+        err.contains("admin.stale_after (--stale-after)") && err.contains("lots"),
         "{err}"
     );
 

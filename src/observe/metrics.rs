@@ -191,6 +191,21 @@ impl Sources {
                 read(&p.connection_errors),
             ),
         ];
+        let stopped = [
+            "not_http2",
+            "header_block",
+            "header_block_too_large",
+            "malformed_frame",
+            "streams",
+        ]
+        .map(|r| (r, p.stopped(r)));
+        all.push(by(
+            "xdstap_observation_stopped",
+            "Connections the tap stopped observing, by reason (their bytes flowed on).",
+            C,
+            "reason",
+            &stopped,
+        ));
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let tasks = rt.metrics().num_alive_tasks() as u64;
             let help = "Tasks alive in the runtime (a leak shows here).";

@@ -10,8 +10,6 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 use tokio_rustls::TlsAcceptor;
 
-use super::batch::Gate;
-
 /// Any byte stream a connection runs on.
 pub trait AsyncIo: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> AsyncIo for T {}
@@ -122,21 +120,18 @@ impl Listener {
         self.tls.clone()
     }
 
-    /// Accepts one connection; returns it, the gate that gathers its writes, and the peer's
-    /// address for logs.
-    pub async fn accept(&self) -> io::Result<(Io, Gate, String)> {
+    /// Accepts one connection; returns it and the peer's address for logs.
+    pub async fn accept(&self) -> io::Result<(Io, String)> {
         match &self.socket {
             Socket::Tcp(l) => {
                 let (stream, peer) = l.accept().await?;
                 // xDS is request/response chatter: never let Nagle hold an ACK back.
                 stream.set_nodelay(true)?;
-                let (io, gate) = super::batch::wrap(stream);
-                Ok((io, gate, peer.to_string()))
+                Ok((Box::new(stream), peer.to_string()))
             }
             Socket::Unix(l, path, _) => {
                 let (stream, _) = l.accept().await?;
-                let (io, gate) = super::batch::wrap(stream);
-                Ok((io, gate, format!("unix:{}", path.display())))
+                Ok((Box::new(stream), format!("unix:{}", path.display())))
             }
         }
     }

@@ -264,10 +264,10 @@ impl xdstap::proxy::StreamObserver for CaptureStream {
         self.bodies[d as usize].extend_from_slice(chunk);
         self.inner.on_data(d, chunk);
     }
-    fn on_response_headers(&mut self, h: &http::HeaderMap) {
+    fn on_response_headers(&mut self, h: &xdstap::proxy::Headers) {
         self.inner.on_response_headers(h);
     }
-    fn on_trailers(&mut self, d: xdstap::proxy::Direction, t: &http::HeaderMap) {
+    fn on_trailers(&mut self, d: xdstap::proxy::Direction, t: &xdstap::proxy::Headers) {
         self.inner.on_trailers(d, t);
     }
     fn on_end(&mut self, end: &xdstap::proxy::StreamEnd) {

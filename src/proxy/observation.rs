@@ -1,0 +1,374 @@
+//! The observing side of one connection: a frame reader and an HPACK decoder per direction,
+//! and the streams with their observers. It is shown each chunk the relay read, before the
+//! relay writes it on, and says what to write: that very chunk, and, when the tap is shutting
+//! down, its GOAWAY to the client between two of the upstream's frames. Anything it cannot
+//! follow stops observation of the connection, counted and logged once; the bytes flow on.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::frame::{Frame, FrameReader};
+use super::headers::{HeaderReader, Headers};
+use super::{Direction, Observe, ProxyStats, Side, StreamEnd, StreamInfo, StreamObserver};
+
+/// The largest header block observation gathers (Envoy accepts 60 KiB of headers by default).
+pub const MAX_HEADER_BLOCK: usize = 64 << 10;
+/// Streams observed at once per connection; past it observation of the connection stops.
+pub const MAX_STREAMS: usize = 16_384;
+
+/// One observed stream.
+struct Stream {
+    observer: Box<dyn StreamObserver>,
+    /// Request and response halves ended (END_STREAM seen).
+    ended: [bool; 2],
+    response_headers: bool,
+}
+
+/// The streams of one connection, by HTTP/2 stream id.
+struct Streams {
+    observer: Arc<dyn Observe>,
+    stats: Arc<ProxyStats>,
+    /// Process-unique stream ids, shared by every connection.
+    ids: Arc<AtomicU64>,
+    open: HashMap<u32, Stream>,
+    /// The highest stream id the client opened (for the tap's GOAWAY).
+    last_client_stream: u32,
+    peer: String,
+    upstream: String,
+}
+
+/// Why observation cannot go on: a metric label and words for humans.
+type Trouble = (&'static str, String);
+
+impl Streams {
+    /// A header block on `stream`: a new stream when the client opens one, else response
+    /// headers or trailers.
+    fn headers(
+        &mut self,
+        direction: Direction,
+        stream: u32,
+        headers: &Headers,
+        end_stream: bool,
+    ) -> Result<(), Trouble> {
+        if direction == Direction::Request && !self.open.contains_key(&stream) {
+            if self.open.len() >= MAX_STREAMS {
+                return Err((
+                    "streams",
+                    format!("more than {MAX_STREAMS} streams at once"),
+                ));
+            }
+            self.last_client_stream = self.last_client_stream.max(stream);
+            let s = self.start(headers);
+            self.open.insert(stream, s);
+        } else if let Some(s) = self.open.get_mut(&stream) {
+            if direction == Direction::Response && !s.response_headers {
+                s.response_headers = true;
+                s.observer.on_response_headers(headers);
+            } else {
+                s.observer.on_trailers(direction, headers);
+            }
+        }
+        if end_stream {
+            self.half_ended(direction, stream);
+        }
+        Ok(())
+    }
+
+    /// A stream the client opened: its observer, told everything the tap knows of it.
+    fn start(&self, headers: &Headers) -> Stream {
+        ProxyStats::add(&self.stats.streams_total, 1);
+        ProxyStats::add(&self.stats.streams_active, 1);
+        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        let observer = self.observer.on_stream(&StreamInfo {
+            id,
+            path: headers.path.as_deref().unwrap_or(""),
+            headers,
+            downstream: &self.peer,
+            upstream: &self.upstream,
+        });
+        Stream {
+            observer,
+            ended: [false, false],
+            response_headers: false,
+        }
+    }
+
+    fn data(&mut self, direction: Direction, stream: u32, data: &Bytes) {
+        if let Some(s) = self.open.get_mut(&stream) {
+            s.observer.on_data(direction, data);
+        }
+    }
+
+    /// One half ended; both ended is the stream's end.
+    fn half_ended(&mut self, direction: Direction, stream: u32) {
+        if let Some(s) = self.open.get_mut(&stream) {
+            s.ended[index(direction)] = true;
+            if s.ended == [true, true] {
+                self.end(stream, &StreamEnd::Complete);
+            }
+        }
+    }
+
+    /// The control plane's GOAWAY: the streams past `last_stream` were not processed.
+    fn refused_past(&mut self, last_stream: u32) {
+        let refused: Vec<u32> = self
+            .open
+            .keys()
+            .copied()
+            .filter(|s| *s > last_stream)
+            .collect();
+        let how = StreamEnd::Failed {
+            by: Side::Upstream,
+            message: "not processed: the control plane's GOAWAY".into(),
+        };
+        for s in refused {
+            self.end(s, &how);
+        }
+    }
+
+    fn end(&mut self, stream: u32, how: &StreamEnd) {
+        if let Some(mut s) = self.open.remove(&stream) {
+            s.observer.on_end(how);
+            ProxyStats::sub(&self.stats.streams_active, 1);
+        }
+    }
+
+    fn end_all(&mut self, how: &StreamEnd) {
+        for (_, mut s) in self.open.drain() {
+            s.observer.on_end(how);
+            ProxyStats::sub(&self.stats.streams_active, 1);
+        }
+    }
+}
+
+/// The observing side of one connection. Dropped with the relay; streams still open then are
+/// ended as cut by the tap.
+pub struct Observation {
+    readers: [FrameReader; 2],
+    hpack: [HeaderReader; 2],
+    streams: Streams,
+    /// Why observation stopped, once it has.
+    stopped: Option<String>,
+    /// The tap is shutting down: a GOAWAY is due to the client, or has gone.
+    drain: Drain,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Drain {
+    No,
+    Due,
+    Sent,
+}
+
+fn index(d: Direction) -> usize {
+    match d {
+        Direction::Request => 0,
+        Direction::Response => 1,
+    }
+}
+
+fn side(d: Direction) -> Side {
+    match d {
+        Direction::Request => Side::Client,
+        Direction::Response => Side::Upstream,
+    }
+}
+
+impl Observation {
+    /// Observation of a new connection from `peer` to `upstream`: its streams' observers come
+    /// from `observer`, their ids from `ids`; counted in `stats`.
+    pub fn new(
+        observer: Arc<dyn Observe>,
+        stats: Arc<ProxyStats>,
+        ids: Arc<AtomicU64>,
+        peer: String,
+        upstream: String,
+    ) -> Observation {
+        Observation {
+            readers: [
+                FrameReader::new(true, MAX_HEADER_BLOCK),
+                FrameReader::new(false, MAX_HEADER_BLOCK),
+            ],
+            hpack: [HeaderReader::default(), HeaderReader::default()],
+            streams: Streams {
+                observer,
+                stats,
+                ids,
+                open: HashMap::new(),
+                last_client_stream: 0,
+                peer,
+                upstream,
+            },
+            stopped: None,
+            drain: Drain::No,
+        }
+    }
+
+    fn stats(&self) -> &ProxyStats {
+        &self.streams.stats
+    }
+
+    /// A chunk read in `direction`: shown to the streams' observers, then queued on `out`, to
+    /// be written as it is (with the tap's GOAWAY after a frame in it, when one is due).
+    pub fn pass(&mut self, direction: Direction, chunk: Bytes, out: &mut VecDeque<Bytes>) {
+        self.observe(direction, &chunk);
+        let counter = match direction {
+            Direction::Request => &self.stats().request_bytes,
+            Direction::Response => &self.stats().response_bytes,
+        };
+        ProxyStats::add(counter, chunk.len() as u64);
+        let at = self.readers[1].last_boundary();
+        match (self.goaway_due(direction, false), at) {
+            (Some(goaway), Some(at)) => {
+                out.push_back(chunk.slice(..at));
+                out.push_back(goaway);
+                if at < chunk.len() {
+                    out.push_back(chunk.slice(at..));
+                }
+            }
+            _ => out.push_back(chunk),
+        }
+    }
+
+    /// The tap is shutting down: its GOAWAY is due to the client.
+    pub fn drain(&mut self) {
+        if self.drain == Drain::No {
+            self.drain = Drain::Due;
+        }
+    }
+
+    /// The tap's GOAWAY, when it is due and nothing of the upstream's is half written.
+    pub fn goaway_when_idle(&mut self) -> Option<Bytes> {
+        self.goaway_due(Direction::Response, true)
+    }
+
+    /// Why observation stopped, if it has.
+    pub fn stopped(&self) -> Option<&str> {
+        self.stopped.as_deref()
+    }
+
+    /// Shows one chunk's frames to the streams' observers.
+    fn observe(&mut self, direction: Direction, chunk: &Bytes) {
+        if self.stopped.is_some() {
+            return;
+        }
+        let Observation {
+            readers,
+            hpack,
+            streams,
+            ..
+        } = self;
+        let mut trouble: Option<Trouble> = None;
+        let read = readers[index(direction)].feed(chunk, &mut |frame| {
+            if trouble.is_none() {
+                trouble = on_frame(hpack, streams, direction, frame).err();
+            }
+        });
+        let why = match (read, trouble) {
+            (Err(b), _) => Some((b.reason(), b.to_string())),
+            (Ok(()), t) => t,
+        };
+        if let Some((label, why)) = why {
+            self.stop(label, &why);
+        }
+    }
+
+    /// Observation of this connection stops; forwarding goes on.
+    fn stop(&mut self, label: &'static str, why: &str) {
+        self.stats().count_stopped(label);
+        tracing::warn!(peer = %self.streams.peer, reason = %why, "Stopped observing a connection; forwarding goes on");
+        self.stopped = Some(why.to_string());
+        self.end_all(&StreamEnd::Cut {
+            message: format!("the tap stopped observing the connection: {why}"),
+        });
+    }
+
+    /// Every stream still open ends with `end`.
+    pub fn end_all(&mut self, end: &StreamEnd) {
+        self.streams.end_all(end);
+    }
+
+    /// The tap's GOAWAY, when it is due in `direction` now: at a frame boundary of the
+    /// upstream's bytes (`idle`: nothing read in between), never inside a header block.
+    fn goaway_due(&mut self, direction: Direction, idle: bool) -> Option<Bytes> {
+        if direction != Direction::Response || self.drain != Drain::Due {
+            return None;
+        }
+        let reader = &self.readers[1];
+        let fits = if idle {
+            reader.at_boundary()
+        } else {
+            reader.last_boundary().is_some()
+        };
+        // Never before the upstream's own first frame, its SETTINGS (RFC 9113 §3.4).
+        if !fits || reader.frames() == 0 || reader.broken().is_some() {
+            return None;
+        }
+        self.drain = Drain::Sent;
+        let mut frame = vec![0, 0, 8, 0x7, 0, 0, 0, 0, 0];
+        frame.extend_from_slice(&self.streams.last_client_stream.to_be_bytes());
+        frame.extend_from_slice(&0u32.to_be_bytes());
+        Some(Bytes::from(frame))
+    }
+
+    /// After the tap's GOAWAY with every stream done, an HTTP/2 server would close.
+    pub fn drained(&self) -> bool {
+        self.drain == Drain::Sent && self.streams.open.is_empty() && self.stopped.is_none()
+    }
+}
+
+/// One frame's meaning for the streams.
+fn on_frame(
+    hpack: &mut [HeaderReader; 2],
+    streams: &mut Streams,
+    direction: Direction,
+    frame: Frame<'_>,
+) -> Result<(), Trouble> {
+    let d = index(direction);
+    match frame {
+        Frame::Data { stream, data } => streams.data(direction, stream, &data),
+        Frame::EndStream { stream } => streams.half_ended(direction, stream),
+        Frame::HeaderBlock {
+            stream,
+            block,
+            end_stream,
+            push,
+        } => {
+            let headers = hpack[d]
+                .read(block)
+                .map_err(|e| ("header_block", e.to_string()))?;
+            // A push is read only to keep the HPACK state.
+            if !push {
+                streams.headers(direction, stream, &headers, end_stream)?;
+            }
+        }
+        Frame::Reset { stream, code } => {
+            let how = StreamEnd::Reset {
+                by: side(direction),
+                reason: code,
+            };
+            streams.end(stream, &how);
+        }
+        // The sender's setting governs the blocks sent to it: the other direction's.
+        Frame::Settings {
+            header_table_size: Some(n),
+        } => hpack[1 - d].allow_table_size(n),
+        Frame::Settings { .. } => {}
+        Frame::GoAway { last_stream, .. } if direction == Direction::Response => {
+            streams.refused_past(last_stream)
+        }
+        Frame::GoAway { .. } => {}
+    }
+    Ok(())
+}
+
+impl Drop for Observation {
+    fn drop(&mut self) {
+        self.end_all(&StreamEnd::Cut {
+            message: "the tap stopped before the stream ended".into(),
+        });
+    }
+}

@@ -1,0 +1,212 @@
+//! One connection pair: the client's bytes go to the upstream and the upstream's back, exactly
+//! as read (same frames, stream ids, HPACK blocks, padding; SETTINGS, PING, WINDOW_UPDATE and
+//! flow control stay the peers' own). Both directions run in one task; each reads a chunk,
+//! shows its frames to the streams' observers, writes that very chunk on, and reads again only
+//! once it is written, so a slow reader stops the tap reading from the writer and the tap
+//! holds at most one chunk per direction.
+//!
+//! ```text
+//!  client ──bytes──> [read chunk ─> FrameReader ─> observers] ──same bytes──> upstream
+//!  client <──bytes── [observers <─ FrameReader <─ read chunk] <──same bytes── upstream
+//! ```
+//!
+//! What a chunk's frames mean is [`super::observation`]'s business; the relay only moves bytes.
+//! The tap speaks only at shutdown: a GOAWAY to the client, written between two of the
+//! upstream's frames, so the client opens no new stream on a tap going away.
+
+use std::collections::VecDeque;
+use std::future::{poll_fn, Future};
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::task::{ready, Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::AsyncWrite;
+use tokio::sync::watch;
+
+use super::listen::Io;
+use super::observation::Observation;
+use super::{Direction, ProxyStats, Side};
+
+/// A direction's buffer while data keeps coming: the most one read takes.
+pub const READ_CHUNK: usize = 256 << 10;
+/// A direction's buffer while idle: a read that fills it brings the large one back.
+const IDLE_CHUNK: usize = 8 << 10;
+
+/// How a relay ended.
+#[derive(Debug)]
+pub(super) enum Ended {
+    /// Both sides closed their sending halves, and each close was passed on; this side first.
+    Closed(Side),
+    /// Draining after the tap's GOAWAY, with no stream left: the tap closed both sides.
+    Drained,
+    /// A read or write failed on `by`'s connection.
+    Failed(Side, io::Error),
+}
+
+/// One direction: where its bytes come from, what is waiting to go out.
+struct Half {
+    direction: Direction,
+    buf: BytesMut,
+    /// Chunks read and observed, not yet all written (the front one `written` far).
+    out: VecDeque<Bytes>,
+    written: usize,
+    /// The source closed its sending half.
+    eof: bool,
+    /// ... and the close was passed on.
+    closed: bool,
+    /// Data keeps coming: read into the large buffer.
+    hot: bool,
+}
+
+impl Half {
+    fn new(direction: Direction) -> Self {
+        Half {
+            direction,
+            buf: BytesMut::new(),
+            out: VecDeque::new(),
+            written: 0,
+            eof: false,
+            closed: false,
+            hot: false,
+        }
+    }
+
+    fn held(&self) -> usize {
+        self.out.iter().map(Bytes::len).sum::<usize>() - self.written
+    }
+
+    /// Writes what is waiting, then reads and observes the next chunk; `Ready(Ok)` once the
+    /// source's close has been passed on.
+    fn poll(
+        &mut self,
+        cx: &mut Context<'_>,
+        src: &mut Io,
+        dst: &mut Io,
+        observation: &mut Observation,
+        stats: &ProxyStats,
+    ) -> Poll<Result<(), (Side, io::Error)>> {
+        let (from, to) = match self.direction {
+            Direction::Request => (Side::Client, Side::Upstream),
+            Direction::Response => (Side::Upstream, Side::Client),
+        };
+        loop {
+            while let Some(front) = self.out.front() {
+                let n = ready!(Pin::new(&mut *dst).poll_write(cx, &front[self.written..]))
+                    .map_err(|e| (to, e))?;
+                if n == 0 {
+                    return Poll::Ready(Err((to, io::ErrorKind::WriteZero.into())));
+                }
+                self.written += n;
+                if self.written == front.len() {
+                    self.out.pop_front();
+                    self.written = 0;
+                }
+            }
+            // TLS holds records until flushed; a plain socket flushes at once.
+            ready!(Pin::new(&mut *dst).poll_flush(cx)).map_err(|e| (to, e))?;
+            if self.eof {
+                if !self.closed {
+                    ready!(Pin::new(&mut *dst).poll_shutdown(cx)).map_err(|e| (to, e))?;
+                    self.closed = true;
+                }
+                return Poll::Ready(Ok(()));
+            }
+            if self.direction == Direction::Response {
+                if let Some(goaway) = observation.goaway_when_idle() {
+                    self.out.push_back(goaway);
+                    continue;
+                }
+            }
+            if self.buf.capacity() == self.buf.len() {
+                // Reclaims the buffer's space once the chunks written from it are dropped.
+                self.buf
+                    .reserve(if self.hot { READ_CHUNK } else { IDLE_CHUNK });
+            }
+            let room = self.buf.capacity() - self.buf.len();
+            let n = match tokio_util::io::poll_read_buf(Pin::new(&mut *src), cx, &mut self.buf) {
+                Poll::Pending => {
+                    // Idle: give the large buffer back, keep a small one to read into.
+                    self.hot = false;
+                    if self.buf.is_empty() && self.buf.capacity() > IDLE_CHUNK {
+                        self.buf = BytesMut::with_capacity(IDLE_CHUNK);
+                    }
+                    return Poll::Pending;
+                }
+                Poll::Ready(r) => r.map_err(|e| (from, e))?,
+            };
+            if n == 0 {
+                self.eof = true;
+                continue;
+            }
+            let chunk = self.buf.split().freeze();
+            // A read that fills the buffer says more is waiting: the large buffer, fresh.
+            if n == room && !self.hot {
+                self.hot = true;
+                self.buf = BytesMut::with_capacity(READ_CHUNK);
+            }
+            observation.pass(self.direction, chunk, &mut self.out);
+            let held = self.held() as u64;
+            stats.peak_buffered.fetch_max(held, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Relays `client` and `upstream` until both sides have closed (or one fails), observing in
+/// `observation`. When `stop` turns true the tap drains: its GOAWAY goes to the client, and once no
+/// stream is left the relay closes both sides.
+pub(super) async fn relay(
+    mut client: Io,
+    mut upstream: Io,
+    observation: &mut Observation,
+    stats: &ProxyStats,
+    mut stop: watch::Receiver<bool>,
+) -> Ended {
+    let mut halves = [
+        Half::new(Direction::Request),
+        Half::new(Direction::Response),
+    ];
+    let mut done = [false, false];
+    let mut first: Option<Side> = None;
+    let mut stopping = std::pin::pin!(async move {
+        let _ = stop.wait_for(|s| *s).await;
+    });
+    let mut draining = false;
+    poll_fn(|cx| {
+        if !draining && stopping.as_mut().poll(cx).is_ready() {
+            draining = true;
+            observation.drain();
+        }
+        let [up, down] = &mut halves;
+        let [up_done, down_done] = &mut done;
+        for (half, finished, from) in [
+            (up, up_done, Side::Client),
+            (down, down_done, Side::Upstream),
+        ] {
+            if *finished {
+                continue;
+            }
+            let polled = match from {
+                Side::Client => half.poll(cx, &mut client, &mut upstream, observation, stats),
+                Side::Upstream => half.poll(cx, &mut upstream, &mut client, observation, stats),
+            };
+            match polled {
+                Poll::Ready(Ok(())) => {
+                    *finished = true;
+                    first.get_or_insert(from);
+                }
+                Poll::Ready(Err((by, e))) => return Poll::Ready(Ended::Failed(by, e)),
+                Poll::Pending => {}
+            }
+        }
+        if done == [true, true] {
+            return Poll::Ready(Ended::Closed(first.unwrap_or(Side::Client)));
+        }
+        if observation.drained() && halves.iter().all(|h| h.out.is_empty()) {
+            return Poll::Ready(Ended::Drained);
+        }
+        Poll::Pending
+    })
+    .await
+}

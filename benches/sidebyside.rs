@@ -1,6 +1,8 @@
 //! Side by side, in one run: the same xDS-shaped workloads over a direct connection, socat (L4),
-//! Envoy 1.40 as an HTTP/2 L7 proxy (--concurrency 1), and xdstap (decoding, correlating and
-//! exporting spans to a local OTLP receiver). Every proxy runs as its own process, so its CPU
+//! a plain user-space L4 relay (tokio's `copy_bidirectional`, 256 KiB buffers, one thread: the
+//! cheapest relay that touches every byte; this bench binary run again as it), Envoy 1.40 as an
+//! HTTP/2 L7 proxy (--concurrency 1), and xdstap (decoding, correlating and exporting spans to a
+//! local OTLP receiver). Every proxy runs as its own process, so its CPU
 //! time and memory come from /proc; the control plane and clients run in this process.
 //!
 //! Workloads:
@@ -366,6 +368,12 @@ fn start(name: &'static str, upstream: &str, otlp: &str) -> Proxy {
     let port = free_port();
     let upstream_port: u16 = upstream.rsplit(':').next().unwrap().parse().unwrap();
     let child = match name {
+        "l4-relay" => Command::new(std::env::current_exe().unwrap())
+            .env("SIDEBYSIDE_L4", format!("127.0.0.1:{port} {upstream}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
         "socat" => Command::new("socat")
             .arg(format!(
                 "TCP-LISTEN:{port},bind=127.0.0.1,fork,reuseaddr,nodelay"
@@ -425,7 +433,7 @@ fn start(name: &'static str, upstream: &str, otlp: &str) -> Proxy {
                     Err(_) => vec!["--otlp-endpoint".to_string(), otlp.to_string()],
                 })
                 .args(["--otlp-protocol", "grpc"])
-                // SIDEBYSIDE_TAP_ARGS adds flags, e.g. "--stream-window 2MiB".
+                // SIDEBYSIDE_TAP_ARGS adds flags, e.g. "--threads 2".
                 .args(
                     std::env::var("SIDEBYSIDE_TAP_ARGS")
                         .unwrap_or_default()
@@ -620,7 +628,37 @@ fn h2load(p: &Proxy, requests: usize) -> Option<(f64, Option<f64>)> {
     Some((mbs * 1.048576, cpu))
 }
 
+/// The L4 relay column: `SIDEBYSIDE_L4="LISTEN UPSTREAM"` makes this binary that relay.
+fn l4_relay(spec: &str) -> ! {
+    let (listen, upstream) = spec.split_once(' ').unwrap();
+    let (listen, upstream) = (listen.to_string(), upstream.to_string());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let listener = TcpListener::bind(&listen).await.unwrap();
+        loop {
+            let (mut down, _) = listener.accept().await.unwrap();
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                let _ = down.set_nodelay(true);
+                let Ok(mut up) = TcpStream::connect(&upstream).await else {
+                    return;
+                };
+                let _ = up.set_nodelay(true);
+                let buf = 256 << 10;
+                let _ =
+                    tokio::io::copy_bidirectional_with_sizes(&mut down, &mut up, buf, buf).await;
+            });
+        }
+    })
+}
+
 fn main() {
+    if let Ok(spec) = std::env::var("SIDEBYSIDE_L4") {
+        l4_relay(&spec);
+    }
     let full = std::env::args().any(|a| a == "--bench");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -652,9 +690,11 @@ async fn run(full: bool) {
     // SIDEBYSIDE_BEFORE=PATH adds a column for another xdstap build (before/after).
     let before = std::env::var_os("SIDEBYSIDE_BEFORE").is_some();
     let all: Vec<&'static str> = if full {
-        vec!["direct", "socat", "envoy-l7", "before", "xdstap"]
+        vec![
+            "direct", "socat", "l4-relay", "envoy-l7", "before", "xdstap",
+        ]
     } else {
-        vec!["direct", "before", "xdstap"]
+        vec!["direct", "l4-relay", "before", "xdstap"]
     };
     let all: Vec<&'static str> = all
         .into_iter()
@@ -819,6 +859,9 @@ async fn run(full: bool) {
                     ratios.push(format!("{:.2}x", x / d));
                 }
                 let tap = matches!(*n, "xdstap" | "before");
+                if let Some(l) = of("l4-relay").filter(|_| tap && (rate || cpu)) {
+                    ratios.push(format!("{:.2}x L4", x / l));
+                }
                 if let Some(e) = of("envoy-l7").filter(|_| tap && (rate || cpu)) {
                     ratios.push(format!("{:.2}x Envoy", x / e));
                 }

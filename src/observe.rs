@@ -106,6 +106,26 @@ pub trait Sink: Send {
     fn on_event(&mut self, event: &Event);
 }
 
+/// While events keep coming, the sinks' thread takes them in batches a millisecond apart
+/// rather than being woken for each (a wake-up is a futex call and two context switches, more
+/// than most events cost); after this many empty looks it waits to be woken again.
+const LINGER_ROUNDS: u32 = 10;
+
+/// The next queued item: at once when one is there, else after short naps while the queue has
+/// been busy lately, else when a sender wakes the thread.
+fn next(rx: &mut mpsc::Receiver<Queued>) -> Option<Queued> {
+    for _ in 0..LINGER_ROUNDS {
+        match rx.try_recv() {
+            Ok(q) => return Some(q),
+            Err(mpsc::error::TryRecvError::Disconnected) => return None,
+            Err(mpsc::error::TryRecvError::Empty) => {
+                std::thread::sleep(std::time::Duration::from_millis(1))
+            }
+        }
+    }
+    rx.blocking_recv()
+}
+
 /// The sinks at work: a thread of their own draining the bounded event queue, so that they
 /// never take a turn from the forwarding tasks, and forwarding never waits for them (a full
 /// queue drops and counts).
@@ -127,7 +147,7 @@ impl Sinks {
         std::thread::Builder::new()
             .name("xdstap-sinks".into())
             .spawn(move || {
-                while let Some(Queued::Event(event)) = rx.blocking_recv() {
+                while let Some(Queued::Event(event)) = next(&mut rx) {
                     for sink in sinks.iter_mut() {
                         sink.on_event(&event);
                     }

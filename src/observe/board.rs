@@ -121,6 +121,18 @@ pub struct TypeStatus {
     pub nonce_reuses: u64,
     /// The current NACK, when NACKED.
     pub nack: Option<NackInfo>,
+    /// Whether the client asked for this type (pushes can come unasked).
+    #[serde(default)]
+    pub subscribed: bool,
+    /// Since when the type has been in its state.
+    #[serde(default)]
+    pub state_since: Option<String>,
+    /// How long it has been in its state, seconds.
+    #[serde(default)]
+    pub state_seconds: f64,
+    /// When the type's last message passed, either way.
+    #[serde(default)]
+    pub last_message_at: Option<String>,
 }
 
 /// One node, as `/status` shows it.
@@ -172,6 +184,12 @@ struct TypeEntry {
     unanswered: u64,
     nonce_reuses: u64,
     nack: Option<(NackInfo, Timestamp)>,
+    /// When the client first asked for the type (none: it never did, pushes came unasked).
+    subscribed_at: Option<Timestamp>,
+    /// When the last ACK came.
+    acked_at: Option<Timestamp>,
+    /// The type's last message either way.
+    last_message: Timestamp,
 }
 
 impl TypeEntry {
@@ -244,11 +262,11 @@ pub struct StatusBoard {
     settings: StatusSettings,
 }
 
-fn node_key(event: &Event) -> String {
+fn node_key(event: &Event) -> std::borrow::Cow<'_, str> {
     let at = event.context();
     match &at.node {
-        Some(n) if !n.id.is_empty() => n.id.clone(),
-        _ => format!("(no node id, stream {})", at.stream.stream_id),
+        Some(n) if !n.id.is_empty() => std::borrow::Cow::Borrowed(&n.id),
+        _ => format!("(no node id, stream {})", at.stream.stream_id).into(),
     }
 }
 
@@ -276,22 +294,22 @@ impl StatusBoard {
         let at = event.context();
         let now = at.time;
         let stream = at.stream.stream_id;
-        let key = match event {
+        let key: std::borrow::Cow<'_, str> = match event {
             // A stream that never said who it is leaves no trace.
             Event::StreamEnd { .. } => match board.streams.remove(&stream) {
-                Some(k) => k,
+                Some(k) => k.into(),
                 None => return,
             },
             _ => node_key(event),
         };
         self.forget_old(&mut board, now);
-        if !board.nodes.contains_key(&key) {
+        if !board.nodes.contains_key(&*key) {
             if matches!(event, Event::StreamEnd { .. }) {
                 return;
             }
             self.make_room(&mut board);
             board.nodes.insert(
-                key.clone(),
+                key.to_string(),
                 NodeEntry {
                     cluster: String::new(),
                     user_agent: String::new(),
@@ -302,10 +320,10 @@ impl StatusBoard {
                 },
             );
         }
-        if !matches!(event, Event::StreamEnd { .. }) {
-            board.streams.insert(stream, key.clone());
+        if !matches!(event, Event::StreamEnd { .. }) && !board.streams.contains_key(&stream) {
+            board.streams.insert(stream, key.to_string());
         }
-        let node = board.nodes.get_mut(&key).expect("inserted above");
+        let node = board.nodes.get_mut(&*key).expect("inserted above");
         node.last_seen = now;
         if let Some(n) = &at.node {
             if node.cluster != n.cluster {
@@ -324,7 +342,17 @@ impl StatusBoard {
         }
         node.streams.insert(stream);
         node.disconnected_at = None;
-        let t = node.types.entry(at.type_url.clone()).or_default();
+        if !node.types.contains_key(&at.type_url) {
+            node.types.insert(at.type_url.clone(), TypeEntry::default());
+        }
+        let t = node.types.get_mut(&at.type_url).expect("inserted above");
+        t.last_message = t.last_message.max(now);
+        if matches!(
+            event,
+            Event::Subscribe { .. } | Event::Resubscribe { .. } | Event::SubscriptionChange { .. }
+        ) {
+            t.subscribed_at.get_or_insert(now);
+        }
         match event {
             Event::Resubscribe { version, .. }
                 if !version.is_empty() && t.version_accepted.is_none() =>
@@ -451,20 +479,18 @@ pub fn worst(states: impl Iterator<Item = SyncState>) -> SyncState {
 }
 
 fn type_status(url: &str, t: &TypeEntry, now: Timestamp, stale: u64) -> TypeStatus {
-    let overdue = t
-        .pending
-        .as_ref()
-        .is_some_and(|(_, at)| now.saturating_sub(*at) >= stale);
-    let state = if overdue {
-        SyncState::Stale
-    } else if t.nack.is_some() {
-        SyncState::Nacked
+    let pending_at = t.pending.as_ref().map(|(_, at)| *at);
+    let overdue = pending_at.is_some_and(|at| now.saturating_sub(at) >= stale);
+    let (state, since) = if overdue {
+        (SyncState::Stale, pending_at.map(|at| at + stale))
+    } else if let Some((_, since)) = &t.nack {
+        (SyncState::Nacked, Some(*since))
     } else if t.version_accepted.is_some() {
-        SyncState::Synced
-    } else if t.pending.is_some() {
-        SyncState::Pending
+        (SyncState::Synced, t.acked_at.or(t.subscribed_at))
+    } else if pending_at.is_some() {
+        (SyncState::Pending, pending_at)
     } else {
-        SyncState::NotSent
+        (SyncState::NotSent, t.subscribed_at)
     };
     TypeStatus {
         short_type: short_type(url).to_string(),
@@ -483,6 +509,10 @@ fn type_status(url: &str, t: &TypeEntry, now: Timestamp, stale: u64) -> TypeStat
         unanswered: t.unanswered,
         nonce_reuses: t.nonce_reuses,
         nack: t.nack.as_ref().map(|(n, _)| n.clone()),
+        subscribed: t.subscribed_at.is_some(),
+        state_since: since.map(rfc3339),
+        state_seconds: since.map_or(0.0, |s| now.saturating_sub(s) as f64 / 1e9),
+        last_message_at: (t.last_message > 0).then(|| rfc3339(t.last_message)),
     }
 }
 

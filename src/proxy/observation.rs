@@ -303,8 +303,9 @@ impl Observation {
         } else {
             reader.last_boundary().is_some()
         };
-        // Never before the upstream's own first frame, its SETTINGS (RFC 9113 §3.4).
-        if !fits || reader.frames() == 0 || reader.broken().is_some() {
+        // Never before the upstream's own first frame, its SETTINGS (RFC 9113 §3.4), and never
+        // once observation stopped: the reader no longer follows the frames.
+        if !fits || reader.frames() == 0 || self.stopped.is_some() {
             return None;
         }
         self.drain = Drain::Sent;
@@ -370,5 +371,73 @@ impl Drop for Observation {
         self.end_all(&StreamEnd::Cut {
             message: "the tap stopped before the stream ended".into(),
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::NoObserver;
+
+    fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let mut f = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+        f.extend_from_slice(&[kind, flags]);
+        f.extend_from_slice(&stream.to_be_bytes());
+        f.extend_from_slice(payload);
+        f
+    }
+
+    fn observation() -> Observation {
+        Observation::new(
+            Arc::new(NoObserver),
+            Arc::default(),
+            Arc::new(AtomicU64::new(1)),
+            "client".into(),
+            "upstream".into(),
+        )
+    }
+
+    /// Once a header block fails to decode, observation stops: the bytes still pass whole,
+    /// and no GOAWAY is placed by a reader that no longer follows the frames.
+    #[test]
+    fn no_goaway_once_observation_stopped() {
+        let mut o = observation();
+        let mut out = VecDeque::new();
+        let mut wire = frame(0x4, 0, 0, &[]);
+        // An indexed field past the static and dynamic tables: not decodable.
+        wire.extend(frame(0x1, 0x4, 1, &[0xff, 0xff, 0x0f]));
+        wire.extend(frame(0x6, 0, 0, &[0; 8]));
+        o.pass(Direction::Response, Bytes::from(wire.clone()), &mut out);
+        assert!(o.stopped().is_some());
+        o.drain();
+        let more = Bytes::from_static(b"12345678");
+        o.pass(Direction::Response, more.clone(), &mut out);
+        assert_eq!(o.goaway_when_idle(), None);
+        let written: Vec<u8> = out.iter().flat_map(|b| b.iter().copied()).collect();
+        assert_eq!(written, [wire, more.to_vec()].concat());
+    }
+
+    /// Draining puts the GOAWAY right after the last whole frame of the upstream's chunk, and
+    /// only after the upstream's own first frame.
+    #[test]
+    fn the_goaway_goes_between_frames() {
+        let mut o = observation();
+        o.drain();
+        assert_eq!(
+            o.goaway_when_idle(),
+            None,
+            "not before the upstream's SETTINGS"
+        );
+        let mut out = VecDeque::new();
+        let settings = frame(0x4, 0, 0, &[]);
+        let ping = frame(0x6, 0, 0, &[7; 8]);
+        let mut wire = settings.clone();
+        wire.extend(&ping[..10]);
+        o.pass(Direction::Response, Bytes::from(wire), &mut out);
+        let pieces: Vec<&[u8]> = out.iter().map(|b| &b[..]).collect();
+        assert_eq!(pieces[0], &settings[..]);
+        assert_eq!(&pieces[1][..9], &[0, 0, 8, 0x7, 0, 0, 0, 0, 0]);
+        assert_eq!(pieces[2], &ping[..10]);
+        assert_eq!(o.goaway_when_idle(), None, "once");
     }
 }

@@ -1,5 +1,10 @@
-//! The admin HTTP server (loopback by default): `/status` (JSON), `/metrics` (Prometheus /
-//! OpenMetrics text), `/healthz`, `/readyz` (listening, and the upstream answers a connect).
+//! The admin server (loopback by default), HTTP/1.1 and HTTP/2 on one address. HTTP: `/status`
+//! and `/rollouts` (JSON), `/metrics` (Prometheus / OpenMetrics text), `/healthz`, `/readyz`
+//! (listening, and the upstream answers a connect). gRPC (any request of content-type
+//! `application/grpc`): the tap's own API, `xdstap.v1.Tap` ([`api`]), and CSDS ([`csds`]).
+
+pub mod api;
+pub mod csds;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -9,24 +14,37 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use prometheus_client::registry::Registry;
+use tonic::body::Body;
+use tonic::codegen::Service;
 
+use crate::api::csds::client_status_discovery_service_server::ClientStatusDiscoveryServiceServer;
+use crate::api::tap::tap_server::TapServer;
 use crate::observe::board::StatusBoard;
+use crate::observe::rollout::Rollouts;
+use crate::observe::watch::Watchers;
 use crate::proxy::{Endpoint, Listener};
 
 /// What the admin server shows.
 pub struct Admin {
     /// Sync status.
     pub status: StatusBoard,
+    /// The rollout view.
+    pub rollouts: Rollouts,
+    /// Live verdicts.
+    pub watchers: Watchers,
     /// Metrics.
     pub registry: Registry,
     /// The control plane, for `/readyz`.
     pub upstream: Endpoint,
 }
 
-/// Serves HTTP/1.1 on `listener` until the task is dropped or aborted.
+/// Serves HTTP/1.1 and HTTP/2 on `listener` until the task is dropped or aborted.
 pub async fn serve(listener: Listener, admin: Arc<Admin>) {
+    let grpc = tonic::service::Routes::new(TapServer::new(api::TapApi(admin.clone()))).add_service(
+        ClientStatusDiscoveryServiceServer::new(csds::Csds(admin.clone())),
+    );
     loop {
         let conn = match listener.accept().await {
             Ok((io, _)) => io,
@@ -37,16 +55,29 @@ pub async fn serve(listener: Listener, admin: Arc<Admin>) {
             }
         };
         let admin = admin.clone();
+        let grpc = grpc.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let admin = admin.clone();
-                async move { Ok::<_, Infallible>(handle(&admin, req).await) }
+                let mut grpc = grpc.clone();
+                async move {
+                    if is_grpc(&req) {
+                        return grpc.call(req).await;
+                    }
+                    Ok::<_, Infallible>(handle(&admin, req).await.map(Body::new))
+                }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(conn), service)
+            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                .serve_connection_with_upgrades(TokioIo::new(conn), service)
                 .await;
         });
     }
+}
+
+fn is_grpc(req: &Request<Incoming>) -> bool {
+    (req.headers().get(http::header::CONTENT_TYPE))
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"))
 }
 
 fn reply(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
@@ -57,17 +88,27 @@ fn reply(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Resp
         .expect("static parts")
 }
 
-/// `?node=ID` (percent-decoded).
-fn node_param(query: Option<&str>) -> Option<String> {
-    query?
-        .split('&')
-        .find_map(|kv| kv.strip_prefix("node="))
+/// Every `?key=VALUE` of `query` (percent-decoded).
+fn params<'a>(query: Option<&'a str>, key: &'a str) -> impl Iterator<Item = String> + 'a {
+    (query.unwrap_or("").split('&'))
+        .filter_map(move |kv| kv.strip_prefix(key)?.strip_prefix('='))
         // A query value: `+` is a space, then percent-decoding.
         .map(|v| {
             percent_encoding::percent_decode_str(&v.replace('+', " "))
                 .decode_utf8_lossy()
                 .into_owned()
         })
+}
+
+/// `?node=ID`.
+fn node_param(query: Option<&str>) -> Option<String> {
+    params(query, "node").next()
+}
+
+fn json(body: &impl serde::Serialize) -> Response<Full<Bytes>> {
+    let mut body = serde_json::to_vec_pretty(body).unwrap_or_default();
+    body.push(b'\n');
+    reply(StatusCode::OK, "application/json", body)
 }
 
 async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
@@ -88,9 +129,14 @@ async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> 
                     ),
                 );
             }
-            let mut body = serde_json::to_vec_pretty(&report).unwrap_or_default();
-            body.push(b'\n');
-            reply(StatusCode::OK, "application/json", body)
+            json(&report)
+        }
+        "/rollouts" => {
+            let query = req.uri().query();
+            let version = params(query, "version").next();
+            let types: Vec<String> = params(query, "type").collect();
+            let now = crate::observe::now();
+            json(&admin.rollouts.report(now, version.as_deref(), &types))
         }
         "/metrics" => reply(
             StatusCode::OK,
@@ -109,7 +155,8 @@ async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> 
         "/" => reply(
             StatusCode::OK,
             "text/plain",
-            "xdstap admin: /status[?node=ID] /metrics /healthz /readyz\n",
+            "xdstap admin: /status[?node=ID] /rollouts[?version=V&type=CDS] /metrics /healthz \
+             /readyz; gRPC: xdstap.v1.Tap, envoy.service.status.v3.ClientStatusDiscoveryService\n",
         ),
         _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
     }
@@ -142,5 +189,8 @@ mod tests {
         );
         assert_eq!(node_param(Some("x=1")), None);
         assert_eq!(node_param(Some("node=50%")).as_deref(), Some("50%"));
+        let q = Some("type=CDS&version=v%201&type=LDS&typo=x");
+        assert_eq!(params(q, "type").collect::<Vec<_>>(), ["CDS", "LDS"]);
+        assert_eq!(params(q, "version").collect::<Vec<_>>(), ["v 1"]);
     }
 }

@@ -2,13 +2,17 @@
 //! [`Options`] flag; the values are parsed by [`crate::config`], so a bad one is reported with
 //! its option, flag and value, and exits 64.
 
+pub mod client;
+pub mod rollout;
 pub mod status;
+pub mod wait;
+pub mod watch;
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::{Options, SpanOptions, DEFAULT_ADMIN};
+use crate::config::{Duration, Options, SpanOptions, DEFAULT_ADMIN};
 
 /// EX_USAGE: a bad flag, file or value.
 pub const EX_USAGE: u8 = 64;
@@ -42,6 +46,122 @@ pub enum Command {
     /// Show which proxies are in sync, like `istioctl proxy-status`, from a running tap's admin
     /// server. Exits 1 when any node is NACKED or STALE, 69 when the tap cannot be reached.
     Status(StatusArgs),
+    /// Show who took each version: per type and version, the nodes it was pushed to and how
+    /// each answered, newest first. Exits 1 when any node rejected a version shown or never
+    /// answered it.
+    Rollout(RolloutArgs),
+    /// Wait until every node pushed VERSION has answered it. Exits 0 when all accepted it (or
+    /// moved on to a newer push), 1 on any NACK, 2 on timeout, naming the nodes.
+    Wait(WaitArgs),
+    /// Print verdicts as they happen, one line each.
+    Watch(WatchArgs),
+}
+
+/// Where the tap's admin server is.
+#[derive(Debug, Args)]
+pub struct AdminArgs {
+    /// The tap's admin address: host:port or unix:/path.
+    #[arg(long, value_name = "ADDR", env = "XDSTAP_ADMIN", default_value = DEFAULT_ADMIN)]
+    pub admin: String,
+}
+
+/// `xdstap rollout`.
+#[derive(Debug, Args)]
+pub struct RolloutArgs {
+    /// Only this version [default: every version the tap keeps].
+    pub version: Option<String>,
+    /// Only these types (CDS, LDS, ... or type URLs); repeat or separate with commas.
+    #[arg(long = "type", short = 't', value_name = "TYPE", value_delimiter = ',')]
+    pub types: Vec<String>,
+    /// Output: table, wide (every node listed, whole messages) or json.
+    #[arg(long, short = 'o', value_name = "FORMAT", default_value = "table")]
+    pub output: Output,
+    /// Where the tap is.
+    #[command(flatten)]
+    pub admin: AdminArgs,
+}
+
+/// `xdstap wait`.
+#[derive(Debug, Args)]
+pub struct WaitArgs {
+    /// The version to wait for. Until the tap has seen it pushed, wait for its first push.
+    #[arg(long, value_name = "VERSION")]
+    pub version: String,
+    /// Only these types (CDS, LDS, ... or type URLs); repeat or separate with commas
+    /// [default: every type pushed VERSION].
+    #[arg(long = "type", short = 't', value_name = "TYPE", value_delimiter = ',')]
+    pub types: Vec<String>,
+    /// Give up after this long (exit 2).
+    #[arg(long, value_name = "DURATION", default_value = "60s")]
+    pub timeout: Duration,
+    /// Once every node pushed VERSION has answered, wait this long past its last push for
+    /// nodes the control plane has yet to push it to.
+    #[arg(long, value_name = "DURATION", default_value = "1s")]
+    pub settle: Duration,
+    /// Where the tap is.
+    #[command(flatten)]
+    pub admin: AdminArgs,
+}
+
+/// `xdstap watch`.
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    /// Only nodes whose id matches this glob (`*` any run, `?` one character).
+    #[arg(long, value_name = "GLOB")]
+    pub node: Option<String>,
+    /// Only these types (CDS, LDS, ... or type URLs); repeat or separate with commas.
+    #[arg(long = "type", short = 't', value_name = "TYPE", value_delimiter = ',')]
+    pub types: Vec<String>,
+    /// Only these kinds; repeat or separate with commas [default: ack, nack, superseded,
+    /// unanswered].
+    #[arg(long = "verdict", value_name = "KIND", value_delimiter = ',')]
+    pub verdicts: Vec<WatchKind>,
+    /// Stop after this many lines.
+    #[arg(long, value_name = "N")]
+    pub count: Option<u64>,
+    /// Output: table (one line per event) or json (one object per line).
+    #[arg(long, short = 'o', value_name = "FORMAT", default_value = "table")]
+    pub output: Output,
+    /// Where the tap is.
+    #[command(flatten)]
+    pub admin: AdminArgs,
+}
+
+/// What `watch` shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum WatchKind {
+    /// Accepted.
+    Ack,
+    /// Rejected.
+    Nack,
+    /// Replaced by a newer push before an answer.
+    Superseded,
+    /// The stream ended first.
+    Unanswered,
+    /// A CDS push waits for endpoints (cluster warming), or got them.
+    Warming,
+    /// An answer to a push already superseded.
+    StaleAnswer,
+    /// The control plane sent a nonce again.
+    NonceReused,
+    /// An answer naming a nonce the tap never saw pushed.
+    UnmatchedAnswer,
+}
+
+impl WatchKind {
+    /// The API's name of the kind.
+    pub fn name(self) -> &'static str {
+        match self {
+            WatchKind::Ack => "ack",
+            WatchKind::Nack => "nack",
+            WatchKind::Superseded => "superseded",
+            WatchKind::Unanswered => "unanswered",
+            WatchKind::Warming => "warming",
+            WatchKind::StaleAnswer => "stale-answer",
+            WatchKind::NonceReused => "nonce-reused",
+            WatchKind::UnmatchedAnswer => "unmatched-answer",
+        }
+    }
 }
 
 /// `xdstap run`.
@@ -131,4 +251,20 @@ pub enum Output {
     Wide,
     /// The report as JSON.
     Json,
+}
+
+/// Columns padded to their widest cell.
+pub fn table(rows: &[Vec<String>]) -> String {
+    let widths: Vec<usize> = (0..rows.first().map_or(0, |r| r.len()))
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let cells: Vec<String> = (r.iter().zip(&widths))
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        out.push_str(cells.join("   ").trim_end());
+        out.push('\n');
+    }
+    out
 }

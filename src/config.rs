@@ -15,6 +15,7 @@ use clap::{ArgMatches, Args, CommandFactory, FromArgMatches};
 use serde::Deserialize;
 
 use crate::observe::board::StatusSettings;
+use crate::observe::rollout::RolloutSettings;
 use crate::observe::spans::{Grouping, Protocol, SpanSettings};
 use crate::proxy::{ClientTls, Endpoint, ServerTls, Settings};
 
@@ -113,7 +114,15 @@ where
         let id = arg.map_or("", |a| a.get_id().as_str());
         let text = value.to_string_lossy();
         text.parse().map_err(|reason: String| {
-            let e = invalid(id, &text, reason);
+            let mut e = invalid(id, &text, reason);
+            // A subcommand's own flag (not an option of `run`): named by its flag.
+            if let (ConfigError::Invalid { option, .. }, Some(long)) =
+                (&mut e, arg.and_then(|a| a.get_long()))
+            {
+                if option == id {
+                    *option = format!("--{long}");
+                }
+            }
             clap::Error::raw(clap::error::ErrorKind::ValueValidation, format!("{e}\n"))
                 .with_cmd(cmd)
         })
@@ -469,8 +478,8 @@ pub struct SpanOptions {
 #[serde(default, deny_unknown_fields)]
 #[command(next_help_heading = "Admin and status")]
 pub struct AdminOptions {
-    /// Admin server (/status, /metrics, /healthz, /readyz): host:port, unix:/path or off
-    /// [default: 127.0.0.1:9977].
+    /// Admin server (HTTP: /status, /rollouts, /metrics, /healthz, /readyz; gRPC: the tap's API
+    /// and CSDS): host:port, unix:/path or off [default: 127.0.0.1:9977].
     #[arg(id = "admin.address", long = "admin", value_name = "ADDR")]
     pub address: Option<AdminAddress>,
     /// A push unanswered this long makes its type STALE [default: 30s].
@@ -490,6 +499,13 @@ pub struct AdminOptions {
     /// Nodes kept in the status view; past it the longest-idle node leaves [default: 100000].
     #[arg(id = "admin.max_nodes", long = "max-nodes", value_name = "N")]
     pub max_nodes: Option<Count>,
+    /// Versions per type the rollout view keeps; past it the oldest goes [default: 10].
+    #[arg(
+        id = "admin.rollout_versions",
+        long = "rollout-versions",
+        value_name = "N"
+    )]
+    pub rollout_versions: Option<Count>,
 }
 
 /// Validated settings for `xdstap run`.
@@ -572,6 +588,8 @@ pub struct AdminSettings {
     pub address: Endpoint,
     /// How the status board ages entries.
     pub status: StatusSettings,
+    /// What the rollout view keeps.
+    pub rollouts: RolloutSettings,
 }
 
 impl Options {
@@ -823,7 +841,17 @@ impl AdminOptions {
             forget_after: self.forget_after.map_or(defaults.forget_after, |d| d.0),
             max_nodes: self.max_nodes.map_or(defaults.max_nodes, |c| c.0),
         };
-        Ok(Some(AdminSettings { address, status }))
+        let defaults = RolloutSettings::default();
+        let rollouts = RolloutSettings {
+            versions: self.rollout_versions.map_or(defaults.versions, |c| c.0),
+            max_nodes: status.max_nodes,
+            ..defaults
+        };
+        Ok(Some(AdminSettings {
+            address,
+            status,
+            rollouts,
+        }))
     }
 }
 

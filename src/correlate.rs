@@ -18,12 +18,19 @@
 //!
 //! Delta answers every nonce on its own, so several pushes may be open and none supersedes
 //! another.
+//!
+//! Cluster warming: Envoy holds its answer to a CDS push until every cluster the push adds or
+//! changes that takes its endpoints from EDS has received them (or its `initial_fetch_timeout`
+//! passed). A CDS push names those clusters' EDS resources; each EDS push after it on the stream
+//! strikes off the names it carries; [`Event::Warming`] tells what is left whenever it changes,
+//! and the push's verdict says what was still missing when the answer came. Only within one
+//! stream (ADS): per-type streams carry CDS and EDS apart.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use crate::xds::{Api, ErrorDetail, Node, Request, Resources, Response};
+use crate::xds::{Api, ErrorDetail, Node, Request, Resources, Response, CLUSTER, ENDPOINTS};
 
 /// Nanoseconds since the Unix epoch.
 pub type Timestamp = u64;
@@ -37,6 +44,10 @@ const MAX_OPEN_SOTW: usize = 16;
 const MAX_OPEN_DELTA: usize = 1024;
 /// Types per stream at most; requests and responses of further types are not correlated.
 const MAX_TYPES: usize = 256;
+/// CDS pushes whose warming is followed per stream at most: past it the oldest is forgotten.
+const MAX_WARMING: usize = 16;
+/// EDS names followed per warming CDS push at most (the list in events is cut there too).
+const MAX_WARMING_NAMES: usize = 1024;
 
 /// What the tap knows about the stream an event comes from.
 #[derive(Debug, Default, Clone, serde::Serialize)]
@@ -176,6 +187,23 @@ pub enum Event {
         /// Ack/nack that came after a newer push of the type went out: that push's nonce.
         #[serde(skip_serializing_if = "Option::is_none")]
         overtaken_by: Option<String>,
+        /// CDS: the EDS resources of clusters this push added or changed that no EDS push had
+        /// carried when it was decided (an ACK with names here came after the fetch timeout).
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        waiting_for: Vec<String>,
+    },
+    /// What an open CDS push still waits for: the EDS resources of the clusters it added or
+    /// changed that no EDS push has carried since. At the push, and whenever it shrinks.
+    Warming {
+        /// Where, who; the type is CDS.
+        #[serde(flatten)]
+        at: Context,
+        /// The CDS push's nonce.
+        nonce: String,
+        /// The CDS push's version.
+        version: String,
+        /// EDS resource names still to come; empty when all came.
+        clusters: Vec<String>,
     },
     /// The stream ended (the context's type is empty).
     StreamEnd {
@@ -230,6 +258,7 @@ impl Event {
             | Event::StaleAnswer { at, .. }
             | Event::UnmatchedAnswer { at, .. }
             | Event::NonceReused { at, .. }
+            | Event::Warming { at, .. }
             | Event::StreamEnd { at, .. } => at,
         }
     }
@@ -327,12 +356,21 @@ impl Subscription {
     }
 }
 
+/// An open CDS push's clusters warming: the EDS names it waits for.
+struct Warming {
+    nonce: String,
+    version: String,
+    names: Vec<String>,
+}
+
 /// Correlates one stream.
 pub struct Correlator {
     stream: Arc<StreamContext>,
     api: Api,
     node: Option<Arc<Node>>,
     types: HashMap<String, Subscription>,
+    /// Open CDS pushes that wait for EDS, oldest first.
+    warming: VecDeque<Warming>,
     ended: bool,
 }
 
@@ -345,6 +383,7 @@ fn verdict(at: &Context, push: Arc<Push>, verdict: Verdict, now: Timestamp) -> E
         decided_at: now,
         client_version: None,
         overtaken_by: None,
+        waiting_for: vec![],
     }
 }
 
@@ -356,6 +395,7 @@ impl Correlator {
             api,
             node: None,
             types: HashMap::new(),
+            warming: VecDeque::new(),
             ended: false,
         }
     }
@@ -376,7 +416,8 @@ impl Correlator {
         self.types
             .values()
             .map(|s| s.open.len() + s.decided.len())
-            .sum()
+            .sum::<usize>()
+            + self.warming.len()
     }
 
     fn context(&self, type_url: &str, time: Timestamp) -> Context {
@@ -422,6 +463,7 @@ impl Correlator {
             }
         }
         let nonce = &req.response_nonce;
+        let decided_from = out.len();
         if !nonce.is_empty() {
             if let Some(k) = sub.open.iter().position(|p| p.nonce == *nonce) {
                 answer(api, sub, k, &at, &req, now, out);
@@ -450,6 +492,7 @@ impl Correlator {
                 unsubscribed: req.unsubscribe,
             });
         }
+        self.settle_warming(&mut out[decided_from..]);
     }
 
     /// A response from the control plane. Call it before the response is forwarded, so an
@@ -460,6 +503,7 @@ impl Correlator {
         }
         let at = self.context(&resp.type_url, now);
         let api = self.api;
+        let decided_from = out.len();
         let Some(sub) = self.subscription(&resp.type_url) else {
             return;
         };
@@ -505,7 +549,85 @@ impl Correlator {
             out.push(verdict(&at, oldest, given_up, now));
         }
         sub.open.push_back(push.clone());
-        out.push(Event::Push { at, push });
+        out.push(Event::Push {
+            at: at.clone(),
+            push: push.clone(),
+        });
+        self.settle_warming(&mut out[decided_from..]);
+        match push.type_url.as_str() {
+            CLUSTER => self.start_warming(&at, &push, out),
+            ENDPOINTS => self.feed_warming(&push, now, out),
+            _ => {}
+        }
+    }
+
+    /// A CDS push: the EDS names of the clusters it adds or changes, which the client waits for.
+    fn start_warming(&mut self, at: &Context, push: &Push, out: &mut Vec<Event>) {
+        let accepted = self.types.get(CLUSTER).and_then(|s| s.accepted.as_ref());
+        let names = warming_names(push, accepted);
+        if names.is_empty() {
+            return;
+        }
+        if self.warming.len() == MAX_WARMING {
+            self.warming.pop_front();
+        }
+        out.push(Event::Warming {
+            at: at.clone(),
+            nonce: push.nonce.clone(),
+            version: push.version.clone(),
+            clusters: names.clone(),
+        });
+        self.warming.push_back(Warming {
+            nonce: push.nonce.clone(),
+            version: push.version.clone(),
+            names,
+        });
+    }
+
+    /// An EDS push: strikes the names it carries off every warming CDS push.
+    fn feed_warming(&mut self, push: &Push, now: Timestamp, out: &mut Vec<Event>) {
+        if self.warming.is_empty() {
+            return;
+        }
+        let came: std::collections::HashSet<Cow<str>> =
+            push.resources.iter().map(|r| r.name).collect();
+        let at = self.context(CLUSTER, now);
+        for w in &mut self.warming {
+            let before = w.names.len();
+            w.names.retain(|n| !came.contains(n.as_str()));
+            if w.names.len() != before {
+                out.push(Event::Warming {
+                    at: at.clone(),
+                    nonce: w.nonce.clone(),
+                    version: w.version.clone(),
+                    clusters: w.names.clone(),
+                });
+            }
+        }
+    }
+
+    /// CDS verdicts among `events` take what their push still waited for; decided pushes are
+    /// followed no more.
+    fn settle_warming(&mut self, events: &mut [Event]) {
+        if self.warming.is_empty() {
+            return;
+        }
+        for e in events {
+            if let Event::Verdict {
+                at,
+                push,
+                waiting_for,
+                ..
+            } = e
+            {
+                if at.type_url != CLUSTER {
+                    continue;
+                }
+                if let Some(k) = self.warming.iter().position(|w| w.nonce == push.nonce) {
+                    *waiting_for = self.warming.remove(k).expect("found above").names;
+                }
+            }
+        }
     }
 
     /// The stream ended: every open push is decided (an overtaken one Superseded, the newest
@@ -522,6 +644,7 @@ impl Correlator {
             return;
         }
         self.ended = true;
+        let decided_from = out.len();
         let mut types: Vec<_> = self.types.keys().cloned().collect();
         types.sort();
         for type_url in types {
@@ -540,6 +663,8 @@ impl Correlator {
                 out.push(verdict(&at, push, v, now));
             }
         }
+        self.settle_warming(&mut out[decided_from..]);
+        self.warming.clear();
         out.push(Event::StreamEnd {
             at: self.context("", now),
             grpc_status,
@@ -617,7 +742,51 @@ fn answer(
         decided_at: now,
         client_version: (api == Api::Sotw).then(|| req.version_info.clone()),
         overtaken_by,
+        waiting_for: vec![],
     });
+}
+
+/// The EDS names of the clusters in a CDS `push` that take endpoints from EDS and are new or
+/// changed against what the client accepted. Pushes list their clusters in the same order as a
+/// rule, so the two lists are walked side by side until they part, then looked up by name.
+fn warming_names(push: &Push, accepted: Option<&Accepted>) -> Vec<String> {
+    if !push.resources.iter().any(|r| r.eds) {
+        return vec![];
+    }
+    let mut in_order = match accepted {
+        Some(Accepted::Push(p)) => Some(p.resources.iter()),
+        _ => None,
+    };
+    let mut by_name: Option<HashMap<String, u64>> = None;
+    let mut names = Vec::new();
+    for (i, r) in push.resources.iter().enumerate() {
+        let same_place = (in_order.as_mut())
+            .and_then(|old| old.next())
+            .filter(|o| o.name == r.name);
+        let old_digest = match (same_place, accepted) {
+            (Some(o), _) => Some(o.digest),
+            (None, None) => None,
+            (None, Some(Accepted::Digests(m))) => m.get(&*r.name).copied(),
+            (None, Some(Accepted::Push(p))) => {
+                in_order = None;
+                by_name
+                    .get_or_insert_with(|| {
+                        (p.resources.iter())
+                            .map(|o| (o.name.into_owned(), o.digest))
+                            .collect()
+                    })
+                    .get(&*r.name)
+                    .copied()
+            }
+        };
+        if old_digest == Some(r.digest) || names.len() == MAX_WARMING_NAMES {
+            continue;
+        }
+        if let Some(name) = push.resources.eds_name(i, &r) {
+            names.push(name.to_string());
+        }
+    }
+    names
 }
 
 /// NACK blame: what changed since the last accepted state, and which of those the error names.

@@ -11,12 +11,16 @@
 //! - [`xds`]: method classification and the streaming decoder of the four xDS messages.
 //! - [`correlate`]: the pure state machine that pairs pushes with answers.
 //! - [`observe`]: the bounded event queue and its sinks: log lines, the JSON-lines event log,
-//!   OTLP spans, the status board, Prometheus metrics.
+//!   OTLP spans, the status board, the rollout view, Prometheus metrics, live watchers.
 //! - [`tap`]: the proxy's observer: framing -> decode -> correlate -> queue, inline.
-//! - [`admin`]: the admin HTTP server (`/status`, `/metrics`, `/healthz`, `/readyz`).
+//! - [`api`]: the gRPC code generated from `proto/` (the tap's own API, CSDS), and the views'
+//!   reports as its messages.
+//! - [`admin`]: the admin server, HTTP/1.1 and HTTP/2 on one address: `/status`, `/rollouts`,
+//!   `/metrics`, `/healthz`, `/readyz`, and over gRPC the tap's API and CSDS.
 //! - [`config`]: the options (flags and YAML keys, one definition) and their validation.
 //! - [`server`]: the assembly: a config and a listener become a running tap ([`run`]).
-//! - [`cli`]: the command line and `xdstap status`.
+//! - [`cli`]: the command line, and the commands that ask a running tap over its API:
+//!   `status`, `rollout`, `wait`, `watch`.
 //! - [`demo`]: `xdstap demo`: an embedded control plane, a real Envoy, the story.
 //!
 //! # One-way rules
@@ -29,6 +33,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod api;
 pub mod cli;
 pub mod config;
 pub mod correlate;

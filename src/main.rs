@@ -32,6 +32,9 @@ fn main() -> ExitCode {
         },
         Command::Demo(args) => demo(args),
         Command::Status(args) => xdstap::cli::status::run(&args),
+        Command::Rollout(args) => xdstap::cli::rollout::run(&args),
+        Command::Wait(args) => xdstap::cli::wait::run(&args),
+        Command::Watch(args) => xdstap::cli::watch::run(&args),
     }
 }
 

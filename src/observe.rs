@@ -6,7 +6,9 @@ pub mod board;
 pub mod eventlog;
 pub mod metrics;
 pub mod record;
+pub mod rollout;
 pub mod spans;
+pub mod watch;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -77,7 +79,9 @@ impl TapStats {
     }
 }
 
-/// What the event queue carries.
+/// What the event queue carries. `Stop` comes once: boxing the event to even the variants
+/// would cost an allocation per event for nothing.
+#[allow(clippy::large_enum_variant)]
 enum Queued {
     Event(Event),
     /// Deliver what came before, then stop.
@@ -212,6 +216,23 @@ impl Sink for LogSink {
             Event::Verdict {
                 push,
                 verdict,
+                waiting_for,
+                ..
+            } if !waiting_for.is_empty() => {
+                tracing::info!(
+                    xds.node = node,
+                    xds.version = %push.version,
+                    xds.nonce = %push.nonce,
+                    xds.verdict = verdict.name(),
+                    xds.waiting_for = %waiting_for.join(","),
+                    stream = at.stream.stream_id,
+                    "{short} push {} while clusters still waited for their endpoints",
+                    verdict.name(),
+                );
+            }
+            Event::Verdict {
+                push,
+                verdict,
                 decided_at,
                 ..
             } => {
@@ -235,6 +256,12 @@ impl Sink for LogSink {
             } => {
                 tracing::debug!(xds.node = node, xds.type_url = %at.type_url, xds.nonce = %nonce,
                     xds.pending_nonce = %pending_nonce, nack, "{short} stale answer");
+            }
+            Event::Warming {
+                nonce, clusters, ..
+            } => {
+                tracing::debug!(xds.node = node, xds.nonce = %nonce,
+                    xds.waiting_for = %clusters.join(","), "{short} push warming");
             }
             Event::NonceReused { nonce, .. } => {
                 tracing::debug!(xds.node = node, xds.type_url = %at.type_url, xds.nonce = %nonce,

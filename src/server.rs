@@ -11,7 +11,9 @@ use crate::config::{option_name, Config, ConfigError};
 use crate::observe::board::StatusBoard;
 use crate::observe::eventlog::EventLog;
 use crate::observe::metrics::Sources;
+use crate::observe::rollout::Rollouts;
 use crate::observe::spans::{SetupError, SpanStats};
+use crate::observe::watch::Watchers;
 use crate::observe::{Sink, TapStats};
 use crate::proxy::{Connector, Listener, Observe, Proxy, ProxyStats};
 use crate::tap::{Pipeline, PipelineOptions};
@@ -66,6 +68,7 @@ pub struct Running {
     proxy: Proxy,
     pipeline: Pipeline,
     status: StatusBoard,
+    rollouts: Rollouts,
     tap_stats: Arc<TapStats>,
     span_stats: Arc<SpanStats>,
     admin: Option<(String, tokio::task::JoinHandle<()>)>,
@@ -105,27 +108,8 @@ impl Server {
         let acceptor = config.tls_acceptor()?;
         let connector = Connector::new(config.upstream.clone(), config.upstream_connector()?);
         let mut sinks = self.sinks;
-        if let Some(path) = &config.event_log {
-            let log = EventLog::open(path).map_err(|e| ConfigError::Invalid {
-                option: option_name("event_log"),
-                value: path.display().to_string(),
-                reason: e.to_string(),
-            })?;
-            sinks.push(Box::new(log));
-        }
         let span_stats = Arc::new(SpanStats::default());
-        let mut exporter = None;
-        if let Some(settings) = config.spans.clone() {
-            let endpoint = settings
-                .endpoint
-                .clone()
-                .or_else(|| settings.file.as_ref().map(|f| f.display().to_string()))
-                .unwrap_or_else(|| "OTEL_EXPORTER_OTLP_ENDPOINT".into());
-            let (sink, task) = crate::observe::spans::start(settings, span_stats.clone())?;
-            tracing::info!(%endpoint, "Exporting spans");
-            sinks.push(Box::new(sink));
-            exporter = Some(task);
-        }
+        let exporter = outputs(&config, &span_stats, &mut sinks)?;
         let status_settings = config
             .admin
             .as_ref()
@@ -133,20 +117,16 @@ impl Server {
             .unwrap_or_default();
         let status = StatusBoard::new(status_settings);
         sinks.push(Box::new(status.clone()));
-        let admin_listener = match &config.admin {
-            Some(a) => {
-                Some(
-                    Listener::bind(&a.address)
-                        .await
-                        .map_err(|source| StartError::Admin {
-                            option: option_name("admin.address"),
-                            address: a.address.to_string(),
-                            source,
-                        })?,
-                )
-            }
-            None => None,
-        };
+        let rollout_settings = (config.admin.as_ref())
+            .map(|a| a.rollouts.clone())
+            .unwrap_or_default();
+        let rollouts = Rollouts::new(rollout_settings);
+        let watchers = Watchers::default();
+        if config.admin.is_some() {
+            sinks.push(Box::new(rollouts.clone()));
+            sinks.push(Box::new(watchers.clone()));
+        }
+        let admin_listener = bind_admin(&config).await?;
         let proxy_stats = Arc::new(ProxyStats::default());
         let tap_stats = Arc::new(TapStats::default());
         let (registry, push_metrics) = crate::observe::metrics::registry(Sources {
@@ -179,9 +159,11 @@ impl Server {
         );
         let admin = admin_listener.map(|l| {
             let address = l.local_addr();
-            tracing::info!(admin = %address, "Admin server listening (/status /metrics /healthz /readyz)");
+            tracing::info!(admin = %address, "Admin server listening (/status /rollouts /metrics /healthz /readyz, gRPC)");
             let admin = Arc::new(Admin {
                 status: status.clone(),
+                rollouts: rollouts.clone(),
+                watchers,
                 registry,
                 upstream: config.upstream.clone(),
             });
@@ -192,12 +174,52 @@ impl Server {
             proxy,
             pipeline,
             status,
+            rollouts,
             tap_stats,
             span_stats,
             admin,
             exporter,
         })
     }
+}
+
+/// The event log and the span exporter, when configured, as sinks; the exporter's task.
+fn outputs(
+    config: &Config,
+    span_stats: &Arc<SpanStats>,
+    sinks: &mut Vec<Box<dyn Sink>>,
+) -> Result<Option<tokio::task::JoinHandle<()>>, StartError> {
+    if let Some(path) = &config.event_log {
+        let log = EventLog::open(path).map_err(|e| ConfigError::Invalid {
+            option: option_name("event_log"),
+            value: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        sinks.push(Box::new(log));
+    }
+    let Some(settings) = config.spans.clone() else {
+        return Ok(None);
+    };
+    let endpoint = (settings.endpoint.clone())
+        .or_else(|| settings.file.as_ref().map(|f| f.display().to_string()))
+        .unwrap_or_else(|| "OTEL_EXPORTER_OTLP_ENDPOINT".into());
+    let (sink, task) = crate::observe::spans::start(settings, span_stats.clone())?;
+    tracing::info!(%endpoint, "Exporting spans");
+    sinks.push(Box::new(sink));
+    Ok(Some(task))
+}
+
+/// The admin server's listener, when it is on.
+async fn bind_admin(config: &Config) -> Result<Option<Listener>, StartError> {
+    let Some(a) = &config.admin else {
+        return Ok(None);
+    };
+    let listener = (Listener::bind(&a.address).await).map_err(|source| StartError::Admin {
+        option: option_name("admin.address"),
+        address: a.address.to_string(),
+        source,
+    })?;
+    Ok(Some(listener))
 }
 
 impl Running {
@@ -214,6 +236,11 @@ impl Running {
     /// The live status board.
     pub fn status(&self) -> StatusBoard {
         self.status.clone()
+    }
+
+    /// The rollout view (empty without an admin server).
+    pub fn rollouts(&self) -> Rollouts {
+        self.rollouts.clone()
     }
 
     /// The forwarder's counters.

@@ -116,6 +116,8 @@ pub struct Resources {
     len: usize,
     /// The last name pushed, whole: what the next name is coded against.
     last: String,
+    /// EDS clusters whose service name is not their name: (index, service name), in order.
+    services: Vec<(u32, Box<str>)>,
 }
 
 /// Resources per chunk.
@@ -123,6 +125,10 @@ const CHUNK: usize = 2048;
 
 /// Every this many names within a chunk, one is kept whole.
 const RESTART: usize = 16;
+
+/// The top bit of an entry's `version_end` (a chunk's text is far below 2 GiB): a cluster that
+/// takes its endpoints from EDS.
+const EDS_CLUSTER: u32 = 1 << 31;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Chunk {
@@ -136,7 +142,7 @@ struct Chunk {
 struct Entry {
     /// The entry's name bytes end at `text[name_end]`; they start where the entry before ends.
     name_end: u32,
-    /// The version is `text[name_end..version_end]`.
+    /// The version is `text[name_end..version_end]`, `version_end` masked by [`EDS_CLUSTER`].
     version_end: u32,
     digest: u64,
 }
@@ -150,6 +156,9 @@ pub struct Resource<'a> {
     pub version: Option<&'a str>,
     /// xxh3-64 of the resource's serialized bytes.
     pub digest: u64,
+    /// A cluster (CDS) that takes its endpoints from EDS.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub eds: bool,
 }
 
 /// Head and tail lengths `name` shares with `prev`, at most 255 each and never overlapping.
@@ -207,6 +216,32 @@ impl Resources {
         self.last.clear();
         self.last.push_str(name);
         self.len += 1;
+    }
+
+    /// Marks the last resource pushed as a cluster fed by EDS, under `service` when its
+    /// `eds_cluster_config.service_name` is not its own name.
+    pub fn mark_eds(&mut self, service: Option<&str>) {
+        let Some(last) = self.chunks.last_mut().and_then(|c| c.entries.last_mut()) else {
+            return;
+        };
+        last.version_end |= EDS_CLUSTER;
+        if let Some(s) = service.filter(|s| !s.is_empty() && *s != self.last) {
+            self.services.push(((self.len - 1) as u32, s.into()));
+        }
+    }
+
+    /// The EDS resource name of resource `i`, a cluster fed by EDS: its service name, else its
+    /// own name.
+    pub fn eds_name<'a>(&'a self, i: usize, r: &'a Resource<'a>) -> Option<&'a str> {
+        if !r.eds {
+            return None;
+        }
+        let service = self
+            .services
+            .binary_search_by_key(&(i as u32), |(j, _)| *j)
+            .ok()
+            .map(|k| &*self.services[k].1);
+        Some(service.unwrap_or(&r.name))
     }
 
     /// How many resources.
@@ -269,7 +304,7 @@ impl Chunk {
     fn name_bytes(&self, j: usize) -> &[u8] {
         let start = match j {
             0 => 0,
-            _ => self.entries[j - 1].version_end as usize,
+            _ => (self.entries[j - 1].version_end & !EDS_CLUSTER) as usize,
         };
         &self.text[start..self.entries[j].name_end as usize]
     }
@@ -288,7 +323,8 @@ impl Chunk {
     /// Entry `j`, with its whole name when decoded (`None`: a restart, kept whole).
     fn resource(&self, j: usize, whole: Option<Vec<u8>>) -> Resource<'_> {
         let e = self.entries[j];
-        let (name_end, version_end) = (e.name_end as usize, e.version_end as usize);
+        let (name_end, version_end) =
+            (e.name_end as usize, (e.version_end & !EDS_CLUSTER) as usize);
         Resource {
             name: match whole {
                 // What was pushed as text comes back whole: the lossy paths never run.
@@ -300,6 +336,7 @@ impl Chunk {
             },
             version: (version_end > name_end)
                 .then(|| std::str::from_utf8(&self.text[name_end..version_end]).unwrap_or("")),
+            eds: e.version_end & EDS_CLUSTER != 0,
             digest: e.digest,
         }
     }
@@ -308,7 +345,7 @@ impl Chunk {
 /// Equal when the same resources are held, whatever was pushed last.
 impl PartialEq for Resources {
     fn eq(&self, other: &Self) -> bool {
-        self.len == other.len && self.chunks == other.chunks
+        self.len == other.len && self.chunks == other.chunks && self.services == other.services
     }
 }
 
@@ -378,6 +415,11 @@ pub enum Message {
     /// Control plane to client.
     Response(Response),
 }
+
+/// The type URL of clusters (CDS).
+pub const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+/// The type URL of endpoints (EDS).
+pub const ENDPOINTS: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
 
 /// Short name of a well-known type, for span names and tables (`CDS`, `EDS`, ...).
 pub fn short_type(type_url: &str) -> &str {

@@ -247,3 +247,66 @@ fn gzip_limit_and_bad_input() {
     d.feed(&[0x0a, 0x7f, 0x41]);
     assert!(d.finish().is_err());
 }
+
+#[test]
+fn clusters_fed_by_eds_at_every_split() {
+    use envoy_types::pb::envoy::config::cluster::v3::{cluster, Cluster};
+    let named = Cluster {
+        name: "outbound|9080||ratings".into(),
+        cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(
+            cluster::DiscoveryType::Eds as i32,
+        )),
+        eds_cluster_config: Some(cluster::EdsClusterConfig {
+            eds_config: None,
+            service_name: "ratings-endpoints".into(),
+        }),
+        ..Default::default()
+    };
+    let resp = DiscoveryResponse {
+        version_info: "v1".into(),
+        resources: vec![
+            resources::cluster("a", 1000).1,
+            resources::static_cluster("s", 1000, 80),
+            resources::any(&named),
+        ],
+        type_url: CDS.into(),
+        nonce: "n".into(),
+        ..Default::default()
+    };
+    let bytes = resp.encode_to_vec();
+    for cut in 0..=bytes.len() {
+        let Message::Response(r) = scan_split(Kind::Response(Api::Sotw), &bytes, cut) else {
+            panic!()
+        };
+        let eds: Vec<(String, bool, Option<String>)> = r
+            .resources
+            .iter()
+            .enumerate()
+            .map(|(i, x)| {
+                let service = r.resources.eds_name(i, &x).map(String::from);
+                (x.name.to_string(), x.eds, service)
+            })
+            .collect();
+        assert_eq!(
+            eds,
+            [
+                ("a".into(), true, Some("a".into())),
+                ("s".into(), false, None),
+                (
+                    "outbound|9080||ratings".into(),
+                    true,
+                    Some("ratings-endpoints".into())
+                ),
+            ],
+            "cut at {cut}"
+        );
+        // The digest is still of each resource's own bytes, nested config included.
+        let digests: Vec<u64> = r.resources.iter().map(|x| x.digest).collect();
+        let want: Vec<u64> = resp
+            .resources
+            .iter()
+            .map(|a| xxhash_rust::xxh3::xxh3_64(&a.value))
+            .collect();
+        assert_eq!(digests, want, "cut at {cut}");
+    }
+}

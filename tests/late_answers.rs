@@ -164,10 +164,7 @@ async fn envoy_cds_version(envoy: &Envoy) -> String {
 }
 
 async fn report(admin: &str) -> StatusReport {
-    let admin = admin.to_string();
-    tokio::task::spawn_blocking(move || xdstap::cli::status::fetch(&admin, None).unwrap())
-        .await
-        .unwrap()
+    xdstap::cli::status::fetch(admin, None).await.unwrap()
 }
 
 fn cds(r: &StatusReport) -> xdstap::observe::board::TypeStatus {

@@ -44,10 +44,7 @@ async fn monitored(upstream: &str, settings: StatusSettings) -> Monitored {
 }
 
 async fn report(admin: &str) -> StatusReport {
-    let admin = admin.to_string();
-    tokio::task::spawn_blocking(move || xdstap::cli::status::fetch(&admin, None).unwrap())
-        .await
-        .unwrap()
+    xdstap::cli::status::fetch(admin, None).await.unwrap()
 }
 
 fn state(r: &StatusReport, node: &str, ty: &str) -> Option<SyncState> {

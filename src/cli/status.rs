@@ -1,163 +1,71 @@
-//! `xdstap status`: reads a running tap's `/status` and prints a table like
+//! `xdstap status`: asks a running tap for its status board and prints a table like
 //! `istioctl proxy-status`, a column per type, with the reason for every NACKED or STALE type
 //! below it. The exit status serves scripts: 0 all fine, 1 some node NACKED or STALE, 69 the tap
 //! could not be asked.
 
-use std::io::{Read, Write};
 use std::process::ExitCode;
-use std::time::Duration;
 
-use super::{Output, StatusArgs, EX_UNAVAILABLE, EX_USAGE};
+use super::client::{block_on, AskError, Tap};
+use super::{table, Output, StatusArgs};
+use crate::api::tap::StatusRequest;
 use crate::observe::board::{worst, NodeStatus, StatusReport, SyncState, TypeStatus};
-use crate::proxy::Endpoint;
 
 /// `xdstap status`: fetch, print, and say by the exit status whether anything needs attention.
 pub fn run(args: &StatusArgs) -> ExitCode {
-    match fetch(&args.admin, args.node.as_deref()) {
-        Ok(report) => {
-            match args.output {
-                Output::Json => println!(
-                    "{}",
-                    serde_json::to_string_pretty(&report).unwrap_or_default()
-                ),
-                Output::Table => print!("{}", render(&report, false)),
-                Output::Wide => print!("{}", render(&report, true)),
-            }
-            ExitCode::from(u8::from(has_problems(&report)))
-        }
-        Err(e @ FetchError::Address(..)) => {
-            eprintln!("error: {e}");
-            ExitCode::from(EX_USAGE)
-        }
-        Err(e) => {
-            eprintln!("xdstap status: {e}");
-            ExitCode::from(EX_UNAVAILABLE)
-        }
-    }
-}
-
-/// Why the status could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum FetchError {
-    /// Bad `--admin`.
-    #[error("invalid --admin {0:?}: {1}")]
-    Address(String, String),
-    /// Connect, write or read failed.
-    #[error("cannot reach the tap's admin server at {0}: {1}")]
-    Io(String, std::io::Error),
-    /// Not an HTTP answer we understand.
-    #[error("unexpected answer from {0}: {1}")]
-    Protocol(String, String),
-    /// The node asked for is not known to the tap.
-    #[error("node {0:?} is not known to the tap at {1}")]
-    NoSuchNode(String, String),
-}
-
-/// A query value: everything but RFC 3986's unreserved characters percent-encoded.
-fn query_value(s: &str) -> String {
-    const VALUE: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-        .remove(b'-')
-        .remove(b'.')
-        .remove(b'_')
-        .remove(b'~');
-    percent_encoding::utf8_percent_encode(s, VALUE).to_string()
-}
-
-/// GETs `/status` (optionally for one node) from `admin`.
-pub fn fetch(admin: &str, node: Option<&str>) -> Result<StatusReport, FetchError> {
-    let endpoint: Endpoint = admin
-        .parse()
-        .map_err(|e: String| FetchError::Address(admin.into(), e))?;
-    let path = match node {
-        Some(n) => format!("/status?node={}", query_value(n)),
-        None => "/status".into(),
+    let report = match block_on(fetch(&args.admin, args.node.as_deref())) {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return e.exit("status"),
+        Err(code) => return code,
     };
-    let request =
-        format!("GET {path} HTTP/1.1\r\nHost: xdstap\r\nConnection: close\r\nAccept: application/json\r\n\r\n");
-    let io = |e| FetchError::Io(admin.into(), e);
-    let mut raw = Vec::new();
-    match &endpoint {
-        Endpoint::Tcp(a) => {
-            use std::net::ToSocketAddrs;
-            let addr = a
-                .to_socket_addrs()
-                .map_err(io)?
-                .next()
-                .ok_or_else(|| FetchError::Address(admin.into(), "no address".into()))?;
-            let mut s =
-                std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(io)?;
-            s.set_read_timeout(Some(Duration::from_secs(10)))
-                .map_err(io)?;
-            s.write_all(request.as_bytes()).map_err(io)?;
-            s.read_to_end(&mut raw).map_err(io)?;
-        }
-        Endpoint::Unix(p) => {
-            let mut s = std::os::unix::net::UnixStream::connect(p).map_err(io)?;
-            s.set_read_timeout(Some(Duration::from_secs(10)))
-                .map_err(io)?;
-            s.write_all(request.as_bytes()).map_err(io)?;
-            s.read_to_end(&mut raw).map_err(io)?;
-        }
+    match args.output {
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        ),
+        Output::Table => print!("{}", render(&report, false)),
+        Output::Wide => print!("{}", render(&report, true)),
     }
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| FetchError::Protocol(admin.into(), "no HTTP header".into()))?;
-    let head = String::from_utf8_lossy(&raw[..split]);
-    let code: u16 = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| FetchError::Protocol(admin.into(), "no HTTP status".into()))?;
-    let mut body = raw[split + 4..].to_vec();
-    if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        body = dechunk(&body);
-    }
-    match code {
-        200 => serde_json::from_slice(&body)
-            .map_err(|e| FetchError::Protocol(admin.into(), format!("not a status report: {e}"))),
-        404 if node.is_some() => Err(FetchError::NoSuchNode(
-            node.unwrap_or_default().into(),
-            admin.into(),
-        )),
-        other => Err(FetchError::Protocol(
-            admin.into(),
-            format!("HTTP {other}: {}", String::from_utf8_lossy(&body).trim()),
-        )),
+    ExitCode::from(u8::from(has_problems(&report)))
+}
+
+/// The status board of the tap at `admin` (of one node, or all).
+pub async fn fetch(admin: &str, node: Option<&str>) -> Result<StatusReport, AskError> {
+    let mut tap = Tap::connect(admin).await?;
+    let request = StatusRequest {
+        node: node.unwrap_or("").to_string(),
+    };
+    match tap.client.status(request).await {
+        Ok(r) => Ok(r.into_inner().into()),
+        Err(e) => Err(tap.failed(e)),
     }
 }
 
-fn dechunk(mut b: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    while let Some(eol) = b.windows(2).position(|w| w == b"\r\n") {
-        let size = usize::from_str_radix(
-            String::from_utf8_lossy(&b[..eol])
-                .split(';')
-                .next()
-                .unwrap_or("")
-                .trim(),
-            16,
-        )
-        .unwrap_or(0);
-        if size == 0 || b.len() < eol + 2 + size {
-            break;
-        }
-        out.extend_from_slice(&b[eol + 2..eol + 2 + size]);
-        b = &b[(eol + 4 + size).min(b.len())..];
+/// An age for people: `45s`, `3m`, `2h`, `4d`.
+pub fn age(seconds: f64) -> String {
+    let s = seconds.max(0.0) as u64;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86400 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86400),
     }
-    out
 }
 
 const COLUMNS: [&str; 5] = ["CDS", "LDS", "EDS", "RDS", "SDS"];
 
+/// A type's cell: its state, how long it has been in it unless SYNCED, `*` when the node never
+/// asked for the type; `IGNORED` for a type it never asked for and was never pushed.
 fn cell(t: Option<&TypeStatus>, wide: bool) -> String {
     let Some(t) = t else {
-        return "-".into();
+        return "IGNORED".into();
     };
-    let label = t.state.label().to_string();
+    let mut label = t.state.label().to_string();
+    if t.state != SyncState::Synced && t.state_since.is_some() {
+        label = format!("{label} {}", age(t.state_seconds));
+    }
+    if !t.subscribed {
+        label.push('*');
+    }
     if !wide {
         return label;
     }
@@ -225,22 +133,27 @@ pub fn render(report: &StatusReport, wide: bool) -> String {
         }
         rows.push(row);
     }
-    let widths: Vec<usize> = (0..rows[0].len())
-        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for r in &rows {
-        let line: Vec<String> = r
-            .iter()
-            .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        out.push_str(line.join("   ").trim_end());
-        out.push('\n');
-    }
+    let mut out = table(&rows);
     if report.nodes.is_empty() {
         out.push_str("(no xDS clients seen yet)\n");
     }
+    let unasked = (report.nodes.iter()).any(|n| n.types.iter().any(|t| !t.subscribed));
+    if unasked {
+        out.push_str("* pushed to a node that never asked for the type\n");
+    }
+    let reasons = reasons(report, wide);
+    if !reasons.is_empty() {
+        out.push('\n');
+        for r in reasons {
+            out.push_str(&r);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// One line per NACKED, STALE or warming type, and per type whose nonces were reused.
+fn reasons(report: &StatusReport, wide: bool) -> Vec<String> {
     let mut reasons = Vec::new();
     for n in &report.nodes {
         for t in &n.types {
@@ -274,6 +187,17 @@ pub fn render(report: &StatusReport, wide: bool) -> String {
                 )),
                 _ => {}
             }
+            if !t.waiting_for.is_empty() {
+                reasons.push(format!(
+                    "{} {}: push {} unanswered since {}: the client waits for the endpoints \
+                     (EDS) of {}",
+                    n.id,
+                    t.short_type,
+                    t.version_sent.as_deref().unwrap_or("?"),
+                    t.pending_since.as_deref().unwrap_or("?"),
+                    t.waiting_for.join(", ")
+                ));
+            }
             if t.nonce_reuses > 0 {
                 reasons.push(format!(
                     "{} {}: the control plane reused a nonce {} time(s); answers were paired with \
@@ -283,14 +207,7 @@ pub fn render(report: &StatusReport, wide: bool) -> String {
             }
         }
     }
-    if !reasons.is_empty() {
-        out.push('\n');
-        for r in reasons {
-            out.push_str(&r);
-            out.push('\n');
-        }
-    }
-    out
+    reasons
 }
 
 /// Whether any node needs attention (the exit status).

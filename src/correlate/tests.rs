@@ -604,3 +604,145 @@ proptest::proptest! {
         one_verdict_each(&all);
     }
 }
+
+/// A CDS response of clusters `(name, digest, eds service)`: `None` a static cluster,
+/// `Some("")` an EDS cluster under its own name.
+fn clusters(version: &str, nonce: &str, list: &[(&str, u64, Option<&str>)]) -> Response {
+    let mut r = resp(CDS, version, nonce, &[]);
+    for (name, digest, eds) in list {
+        r.resources.push_parts(name, None, *digest);
+        if let Some(service) = eds {
+            r.resources.mark_eds(Some(service));
+        }
+    }
+    r
+}
+
+fn warming(events: &[Event]) -> Vec<(String, Vec<String>)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Warming {
+                nonce,
+                clusters,
+                at,
+                ..
+            } => {
+                assert_eq!(at.type_url, CDS);
+                Some((nonce.clone(), clusters.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn waiting_for(events: &[Event]) -> Vec<String> {
+    match events.iter().find(|e| matches!(e, Event::Verdict { .. })) {
+        Some(Event::Verdict { waiting_for, .. }) => waiting_for.clone(),
+        _ => panic!("no verdict in {events:?}"),
+    }
+}
+
+#[test]
+fn cds_push_waits_for_the_endpoints_of_the_clusters_it_adds_or_changes() {
+    let mut c = correlator(Api::Sotw);
+    step(&mut c, |c, o| c.on_request(req(CDS, "", "", &[]), 1, o));
+    let v1 = [("a", 1, Some("")), ("b", 2, Some("b-svc")), ("s", 3, None)];
+    let e = step(&mut c, |c, o| {
+        c.on_response(clusters("v1", "c1", &v1), 2, o)
+    });
+    assert_eq!(
+        warming(&e),
+        [("c1".into(), vec!["a".into(), "b-svc".into()])]
+    );
+    // Endpoints come one by one; each strikes its name off.
+    let e = step(&mut c, |c, o| {
+        c.on_response(resp(EDS, "e1", "e1", &[("a", 9)]), 3, o)
+    });
+    assert_eq!(warming(&e), [("c1".into(), vec!["b-svc".into()])]);
+    let e = step(&mut c, |c, o| {
+        c.on_response(resp(EDS, "e2", "e2", &[("zzz", 9)]), 4, o)
+    });
+    assert!(warming(&e).is_empty(), "nothing it waits for came");
+    let e = step(&mut c, |c, o| {
+        c.on_response(resp(EDS, "e3", "e3", &[("a", 9), ("b-svc", 8)]), 5, o)
+    });
+    assert_eq!(warming(&e), [("c1".into(), vec![])]);
+    let e = step(&mut c, |c, o| c.on_request(req(CDS, "v1", "c1", &[]), 6, o));
+    assert_eq!(verdicts(&e), [("c1".into(), "ack")]);
+    assert!(waiting_for(&e).is_empty());
+
+    // v2 changes `a` only: only `a` warms; no EDS comes and the ACK (after the client's fetch
+    // timeout) says so.
+    let v2 = [
+        ("a", 10, Some("")),
+        ("b", 2, Some("b-svc")),
+        ("s", 30, None),
+    ];
+    let e = step(&mut c, |c, o| {
+        c.on_response(clusters("v2", "c2", &v2), 7, o)
+    });
+    assert_eq!(warming(&e), [("c2".into(), vec!["a".into()])]);
+    let e = step(&mut c, |c, o| c.on_request(req(CDS, "v2", "c2", &[]), 8, o));
+    assert_eq!(waiting_for(&e), ["a"]);
+    assert!(
+        c.warming.is_empty(),
+        "warming is followed no more once decided"
+    );
+
+    // The same clusters in another order: nothing changed, nothing warms.
+    let v3 = [
+        ("s", 30, None),
+        ("b", 2, Some("b-svc")),
+        ("a", 10, Some("")),
+    ];
+    let e = step(&mut c, |c, o| {
+        c.on_response(clusters("v3", "c3", &v3), 9, o)
+    });
+    assert!(warming(&e).is_empty(), "{e:?}");
+
+    // A NACKed push's clusters warm no more; a push superseded while warming neither.
+    let v4 = [("a", 11, Some(""))];
+    let v5 = [("a", 12, Some(""))];
+    step(&mut c, |c, o| {
+        c.on_request(req(CDS, "v3", "c3", &[]), 10, o)
+    });
+    step(&mut c, |c, o| {
+        c.on_response(clusters("v4", "c4", &v4), 11, o)
+    });
+    step(&mut c, |c, o| {
+        c.on_response(clusters("v5", "c5", &v5), 12, o)
+    });
+    let e = step(&mut c, |c, o| {
+        c.on_request(nack(CDS, "v3", "c5", "bad a"), 13, o)
+    });
+    assert_eq!(
+        verdicts(&e),
+        [("c4".into(), "superseded"), ("c5".into(), "nack")]
+    );
+    let e = step(&mut c, |c, o| {
+        c.on_response(resp(EDS, "e4", "e4", &[("a", 9)]), 14, o)
+    });
+    assert!(warming(&e).is_empty(), "{e:?}");
+}
+
+#[test]
+fn delta_cds_warms_what_it_carries_and_stream_end_decides_warming_pushes() {
+    let mut c = correlator(Api::Delta);
+    step(&mut c, |c, o| c.on_request(req(CDS, "", "", &[]), 1, o));
+    let e = step(&mut c, |c, o| {
+        c.on_response(clusters("", "d1", &[("a", 1, Some(""))]), 2, o)
+    });
+    assert_eq!(warming(&e), [("d1".into(), vec!["a".into()])]);
+    step(&mut c, |c, o| c.on_request(req(CDS, "", "d1", &[]), 3, o));
+    // `a` again unchanged with a new `b`: only `b` warms.
+    let both = [("a", 1, Some("")), ("b", 2, Some(""))];
+    let e = step(&mut c, |c, o| {
+        c.on_response(clusters("", "d2", &both), 4, o)
+    });
+    assert_eq!(warming(&e), [("d2".into(), vec!["b".into()])]);
+    let e = step(&mut c, |c, o| c.on_stream_end(Some(14), "gone", 5, o));
+    assert_eq!(verdicts(&e), [("d2".into(), "unanswered")]);
+    assert_eq!(waiting_for(&e), ["b"]);
+    assert!(c.warming.is_empty());
+}

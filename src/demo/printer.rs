@@ -71,6 +71,15 @@ impl Printer {
                 )
             }
             Event::Verdict { .. } => self.verdict(&t, ty, e),
+            Event::Warming { clusters, .. } if clusters.is_empty() => {
+                format!("{t}  {ty:4} warming done: every cluster has its endpoints")
+            }
+            Event::Warming { clusters, .. } => {
+                format!(
+                    "{t}  {ty:4} warming: waits for endpoints of {}",
+                    clusters.join(",")
+                )
+            }
             Event::UnmatchedAnswer { nonce, .. } => {
                 format!("{t}  {ty:4} answer to nonce {nonce}, never pushed on this stream")
             }

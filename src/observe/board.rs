@@ -11,8 +11,11 @@ use serde::{Deserialize, Serialize};
 
 use super::record::{rfc3339, NAMES_CAP};
 use super::Sink;
-use crate::correlate::{Event, Timestamp, Verdict};
-use crate::xds::short_type;
+use crate::correlate::{Event, Push, Timestamp, Verdict};
+use crate::xds::{short_type, Api};
+
+pub mod resources;
+use resources::{Held, Unsettled};
 
 /// How the board ages entries.
 #[derive(Clone, Debug)]
@@ -133,6 +136,10 @@ pub struct TypeStatus {
     /// When the type's last message passed, either way.
     #[serde(default)]
     pub last_message_at: Option<String>,
+    /// CDS: the EDS resources the open push waits for (cluster warming): Envoy holds its answer
+    /// until they come, or until their fetch timeout.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting_for: Vec<String>,
 }
 
 /// One node, as `/status` shows it.
@@ -186,18 +193,75 @@ struct TypeEntry {
     nack: Option<(NackInfo, Timestamp)>,
     /// When the client first asked for the type (none: it never did, pushes came unasked).
     subscribed_at: Option<Timestamp>,
-    /// When the last ACK came.
+    /// When the type became SYNCED: the ACK after a NACK, or the first.
     acked_at: Option<Timestamp>,
+    /// The open CDS push that waits for EDS, and the EDS names it waits for.
+    warming: Option<(String, Vec<String>)>,
     /// The type's last message either way.
     last_message: Timestamp,
+    /// What the node accepted, per resource (for CSDS).
+    held: Option<Held>,
+    /// The last push not accepted: pending, or NACKed.
+    unsettled: Option<Unsettled>,
 }
 
 impl TypeEntry {
+    /// Applies one event of this type.
+    fn apply(&mut self, event: &Event, now: Timestamp) {
+        let at = event.context();
+        self.last_message = self.last_message.max(now);
+        if matches!(
+            event,
+            Event::Subscribe { .. } | Event::Resubscribe { .. } | Event::SubscriptionChange { .. }
+        ) {
+            self.subscribed_at.get_or_insert(now);
+        }
+        match event {
+            Event::Resubscribe { version, .. }
+                if !version.is_empty() && self.version_accepted.is_none() =>
+            {
+                self.version_accepted = Some(version.clone());
+            }
+            Event::Push { push, .. } => {
+                self.unsettled = Some(Unsettled::new(push.clone()));
+                self.pushes += 1;
+                self.version_sent = Some(push.version.clone());
+                self.nonce = Some(push.nonce.clone());
+                self.last_push_at = Some(push.at);
+                self.pending = Some((push.nonce.clone(), push.at));
+            }
+            Event::Verdict {
+                push,
+                verdict,
+                decided_at,
+                client_version,
+                ..
+            } => self.on_verdict(
+                at.stream.api,
+                push,
+                verdict,
+                *decided_at,
+                client_version.as_deref(),
+            ),
+            Event::NonceReused { .. } => self.nonce_reuses += 1,
+            Event::Warming {
+                nonce, clusters, ..
+            } => {
+                self.warming = (!clusters.is_empty()).then(|| {
+                    let shown = clusters.iter().take(NAMES_CAP).cloned().collect();
+                    (nonce.clone(), shown)
+                });
+            }
+            _ => {}
+        }
+    }
+
     /// A push's fate. The version the client runs is what its latest answer says: an ACK's
     /// version, or the version a SotW NACK says it kept (a late answer included).
     fn on_verdict(
         &mut self,
-        push: &crate::correlate::Push,
+        api: Option<Api>,
+        push: &Arc<Push>,
         verdict: &Verdict,
         decided_at: Timestamp,
         client_version: Option<&str>,
@@ -205,9 +269,16 @@ impl TypeEntry {
         if self.pending.as_ref().is_some_and(|(n, _)| *n == push.nonce) {
             self.pending = None;
         }
+        resources::on_verdict(self, api, push, verdict, decided_at);
+        if self.warming.as_ref().is_some_and(|(n, _)| *n == push.nonce) {
+            self.warming = None;
+        }
         match verdict {
             Verdict::Ack => {
                 self.acks += 1;
+                if self.nack.is_some() || self.acked_at.is_none() {
+                    self.acked_at = Some(decided_at);
+                }
                 self.latency_ns = Some(decided_at.saturating_sub(push.at));
                 let running = client_version.filter(|v| !v.is_empty());
                 self.version_accepted = Some(running.unwrap_or(&push.version).to_string());
@@ -346,36 +417,7 @@ impl StatusBoard {
             node.types.insert(at.type_url.clone(), TypeEntry::default());
         }
         let t = node.types.get_mut(&at.type_url).expect("inserted above");
-        t.last_message = t.last_message.max(now);
-        if matches!(
-            event,
-            Event::Subscribe { .. } | Event::Resubscribe { .. } | Event::SubscriptionChange { .. }
-        ) {
-            t.subscribed_at.get_or_insert(now);
-        }
-        match event {
-            Event::Resubscribe { version, .. }
-                if !version.is_empty() && t.version_accepted.is_none() =>
-            {
-                t.version_accepted = Some(version.clone());
-            }
-            Event::Push { push, .. } => {
-                t.pushes += 1;
-                t.version_sent = Some(push.version.clone());
-                t.nonce = Some(push.nonce.clone());
-                t.last_push_at = Some(push.at);
-                t.pending = Some((push.nonce.clone(), push.at));
-            }
-            Event::Verdict {
-                push,
-                verdict,
-                decided_at,
-                client_version,
-                ..
-            } => t.on_verdict(push, verdict, *decided_at, client_version.as_deref()),
-            Event::NonceReused { .. } => t.nonce_reuses += 1,
-            _ => {}
-        }
+        t.apply(event, now);
     }
 
     fn forget_old(&self, board: &mut Board, now: Timestamp) {
@@ -513,6 +555,11 @@ fn type_status(url: &str, t: &TypeEntry, now: Timestamp, stale: u64) -> TypeStat
         state_since: since.map(rfc3339),
         state_seconds: since.map_or(0.0, |s| now.saturating_sub(s) as f64 / 1e9),
         last_message_at: (t.last_message > 0).then(|| rfc3339(t.last_message)),
+        waiting_for: t
+            .warming
+            .as_ref()
+            .map(|(_, w)| w.clone())
+            .unwrap_or_default(),
     }
 }
 
@@ -687,5 +734,70 @@ mod tests {
             "the longest idle went first"
         );
         assert_eq!(board.evicted(), 7);
+    }
+
+    #[test]
+    fn resources_per_node_as_csds_shows_them() {
+        use resources::{ClientStatus as C, ConfigStatus as K};
+        let board = StatusBoard::new(StatusSettings::default());
+        let mut c = stream(1);
+        let mut e = Vec::new();
+        c.on_request(req(Some("n1"), "", "", None), S, &mut e);
+        c.on_response(resp("v1", "1", &["a", "b"]), 2 * S, &mut e);
+        c.on_request(req(None, "v1", "1", None), 3 * S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        let seen = |board: &StatusBoard| -> Vec<(String, String, K, C, bool)> {
+            let nodes = board.resources(|id| id == "n1");
+            assert_eq!(nodes.len(), 1);
+            (nodes[0].resources.iter())
+                .map(|r| {
+                    (
+                        r.name.clone(),
+                        r.version.clone(),
+                        r.config,
+                        r.client,
+                        r.error.is_some(),
+                    )
+                })
+                .collect()
+        };
+        let s = |n: &str, v: &str, k, c, e| (n.to_string(), v.to_string(), k, c, e);
+        assert_eq!(
+            seen(&board),
+            [
+                s("a", "v1", K::Synced, C::Acked, false),
+                s("b", "v1", K::Synced, C::Acked, false)
+            ]
+        );
+        // v2: `a` unchanged (its digest is its name's length plus the version's), `b` left
+        // out, `cc` new.
+        let mut v2 = resp("v2", "2", &["a", "cc"]);
+        v2.resources = crate::xds::Resources::default();
+        v2.resources.push_parts("a", None, 1 + 2);
+        v2.resources.push_parts("cc", None, 9);
+        c.on_response(v2, 4 * S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        assert_eq!(
+            seen(&board),
+            [
+                s("a", "v1", K::Synced, C::Acked, false),
+                s("b", "v1", K::Stale, C::Acked, false),
+                s("cc", "", K::Stale, C::Requested, false)
+            ]
+        );
+        c.on_request(req(None, "v1", "2", Some("bad cc")), 5 * S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        assert_eq!(
+            seen(&board),
+            [
+                s("a", "v1", K::Synced, C::Acked, false),
+                s("b", "v1", K::Error, C::Acked, true),
+                s("cc", "", K::Error, C::Nacked, true)
+            ]
+        );
+        let nodes = board.resources(|_| true);
+        let cc = &nodes[0].resources[2];
+        assert_eq!(cc.error, Some(("bad cc".into(), "v2".into(), 5 * S)));
+        assert!(board.resources(|id| id == "other").is_empty());
     }
 }

@@ -64,6 +64,9 @@ pub struct VerdictRecord {
     /// Ack/nack answered late: the nonce of the newer push that went out before the answer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub overtaken_by: Option<String>,
+    /// CDS: the EDS resources still missing when the push was decided (cluster warming).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub waiting_for: Vec<String>,
     /// Unanswered: grpc-status the stream ended with.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grpc_status: Option<i32>,
@@ -93,6 +96,7 @@ impl VerdictRecord {
             decided_at,
             client_version,
             overtaken_by,
+            waiting_for,
         } = event
         else {
             return None;
@@ -126,6 +130,7 @@ impl VerdictRecord {
             changed: Vec::new(),
             superseded_by: None,
             overtaken_by: overtaken_by.clone(),
+            waiting_for: waiting_for.iter().take(NAMES_CAP).cloned().collect(),
             grpc_status: None,
             end_message: None,
             stream: at.stream.stream_id,

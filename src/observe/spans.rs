@@ -558,6 +558,10 @@ fn describe(r: &VerdictRecord) -> (Vec<KeyValue>, Vec<KeyValue>, Status) {
             r.superseded_by.clone().map(Value::from),
         ),
         ("xds.overtaken_by", r.overtaken_by.clone().map(Value::from)),
+        (
+            "xds.waiting_for",
+            (!r.waiting_for.is_empty()).then(|| strings(&r.waiting_for)),
+        ),
         ("xds.end_message", r.end_message.clone().map(Value::from)),
     ];
     for (key, value) in span_only {

@@ -12,6 +12,8 @@
 //! 7 control_plane, 8 removed_resource_names; Resource 1 version, 2 resource, 3 name;
 //! Node 1 id, 2 cluster, 6 user_agent_name, 7 user_agent_version, 8 user_agent_build_version
 //! (BuildVersion 1 version: SemanticVersion 1 major, 2 minor, 3 patch); Status 1 code, 2 message.
+//! In a Cluster (`envoy/config/cluster/v3/cluster.proto`): 2 type (EDS = 3),
+//! 3 eds_cluster_config (EdsClusterConfig 2 service_name): which clusters wait for EDS.
 
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
@@ -19,6 +21,9 @@ use super::{Api, ErrorDetail, Message, Node, Request, ResourceRef, Response};
 
 /// The `type_url` of the `Resource` wrapper, which SotW responses may carry too.
 pub const RESOURCE_WRAPPER: &str = "type.googleapis.com/envoy.service.discovery.v3.Resource";
+
+/// `Cluster.type` for a cluster that takes its endpoints from EDS.
+const DISCOVERY_TYPE_EDS: u64 = 3;
 
 const MAX_STRING: usize = 4096;
 const MAX_ERROR_MESSAGE: usize = 64 * 1024;
@@ -77,8 +82,11 @@ enum Msg {
     Wrapper,
     /// The `Any` inside a wrapper.
     InnerAny,
-    /// The resource itself: only field 1 (its name) is read; all bytes are digested.
+    /// The resource itself: only field 1 (its name) is read, and for a Cluster what says it
+    /// takes its endpoints from EDS; all bytes are digested.
     Body,
+    /// A Cluster's `eds_cluster_config`.
+    EdsConfig,
     /// A map entry of `initial_resource_versions`.
     MapEntry,
     /// `ResourceName` of `removed_resource_names`.
@@ -110,6 +118,7 @@ enum Slot {
     MapKey,
     MapValue,
     RemovedName,
+    EdsService,
 }
 
 enum Action {
@@ -170,6 +179,11 @@ pub struct Scanner {
     map_key: String,
     map_value: String,
     semver: [u64; 3],
+    /// The current resource is a Cluster; it takes its endpoints from EDS, under this service
+    /// name when it gives one.
+    cluster: bool,
+    cluster_eds: bool,
+    eds_service: String,
 }
 
 impl Scanner {
@@ -207,6 +221,9 @@ impl Scanner {
             map_key: String::new(),
             map_value: String::new(),
             semver: [0; 3],
+            cluster: false,
+            cluster_eds: false,
+            eds_service: String::new(),
         }
     }
 
@@ -237,12 +254,19 @@ impl Scanner {
                 return Err(ScanError::Length);
             }
             let frame_left = top.end - self.pos;
-            if top.msg == Msg::Body && self.pos >= self.hashed_to {
+            // The resource body's end, when inside one (its EDS config is inside it).
+            let body_end = match top.msg {
+                Msg::Body => Some(top.end),
+                Msg::EdsConfig => self.stack.iter().rev().nth(1).map(|f| f.end),
+                _ => None,
+            };
+            if let Some(body_end) = body_end.filter(|_| self.pos >= self.hashed_to) {
                 // Digest all of the body this slice holds now; parsing it goes on below.
-                let n = frame_left.min((data.len() - i) as u64) as usize;
+                let body_left = body_end - self.pos;
+                let n = body_left.min((data.len() - i) as u64) as usize;
                 let bytes = &data[i..i + n];
                 match self.body {
-                    BodyHash::Off if n as u64 == frame_left => {
+                    BodyHash::Off if n as u64 == body_left => {
                         self.body = BodyHash::Whole(xxh3_64(bytes))
                     }
                     BodyHash::Off => {
@@ -327,6 +351,9 @@ impl Scanner {
                 if self.top() == Msg::SemVer && (1..=3).contains(&field) {
                     self.semver[field as usize - 1] = v;
                 }
+                if self.top() == Msg::Body && self.cluster && field == 2 {
+                    self.cluster_eds = v == DISCOVERY_TYPE_EDS;
+                }
             }
             State::Len { field, .. } => {
                 let end = self.pos.checked_add(v).ok_or(ScanError::Length)?;
@@ -398,6 +425,8 @@ impl Scanner {
             (Msg::Wrapper, 2) => D(Msg::InnerAny),
             (Msg::Wrapper, 3) => C(Slot::WrapperName),
             (Msg::Body, 1) => C(Slot::BodyName),
+            (Msg::Body, 3) if self.cluster => D(Msg::EdsConfig),
+            (Msg::EdsConfig, 2) => C(Slot::EdsService),
             (Msg::MapEntry, 1) => C(Slot::MapKey),
             (Msg::MapEntry, 2) => C(Slot::MapValue),
             (Msg::ResourceName, 1) => C(Slot::RemovedName),
@@ -407,6 +436,8 @@ impl Scanner {
 
     /// An empty resource whose name reuses the last one's buffer.
     fn fresh_resource(&mut self) -> ResourceRef {
+        self.cluster_eds = false;
+        self.eds_service.clear();
         let mut name = std::mem::take(&mut self.spare_name);
         name.clear();
         ResourceRef {
@@ -423,7 +454,10 @@ impl Scanner {
             }
             Msg::Wrapper if self.current.is_none() => self.current = Some(self.fresh_resource()),
             Msg::InnerAny => self.any_type.clear(),
-            Msg::Body => self.body = BodyHash::Off,
+            Msg::Body => {
+                self.body = BodyHash::Off;
+                self.cluster = self.any_type == super::CLUSTER;
+            }
             Msg::Node => self.node = Some(Node::default()),
             Msg::SemVer => self.semver = [0; 3],
             Msg::Status => {
@@ -462,6 +496,9 @@ impl Scanner {
                     if let Some(r) = self.current.take() {
                         let name = r.name.as_str();
                         (self.resp.resources).push_parts(name, r.version.as_deref(), r.digest);
+                        if self.cluster_eds {
+                            self.resp.resources.mark_eds(Some(&self.eds_service));
+                        }
                         self.spare_name = r.name;
                     }
                 }
@@ -486,6 +523,7 @@ impl Scanner {
     fn capture_done(&mut self, slot: Slot) {
         match (slot, self.current.as_mut()) {
             (Slot::AnyTypeUrl, _) => text_into(&self.buf, &mut self.any_type),
+            (Slot::EdsService, _) => text_into(&self.buf, &mut self.eds_service),
             (Slot::WrapperName, Some(r)) => text_into(&self.buf, &mut r.name),
             (Slot::BodyName, Some(r)) if r.name.is_empty() => text_into(&self.buf, &mut r.name),
             (Slot::WrapperName | Slot::BodyName, _) => {}
@@ -529,7 +567,7 @@ impl Scanner {
                     r.version = Some(text);
                 }
             }
-            Slot::AnyTypeUrl | Slot::WrapperName | Slot::BodyName => {}
+            Slot::AnyTypeUrl | Slot::WrapperName | Slot::BodyName | Slot::EdsService => {}
             Slot::MapKey => self.map_key = text,
             Slot::MapValue => self.map_value = text,
         }

@@ -1,0 +1,224 @@
+//! `xdstap.v1.Tap`: the status board, the rollout view and live verdicts over gRPC, for the
+//! CLI and for scripts in any language.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+use tokio_stream::wrappers::BroadcastStream;
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status};
+
+use super::Admin;
+use crate::api::tap::{self, tap_server};
+use crate::correlate::{Event, Verdict};
+use crate::observe::record::rfc3339;
+use crate::observe::rollout::type_wanted;
+use crate::xds::short_type;
+
+/// The service over the admin's views.
+pub struct TapApi(pub Arc<Admin>);
+
+/// The verdicts `xdstap watch` shows unless told which.
+const VERDICTS: [&str; 4] = ["ack", "nack", "superseded", "unanswered"];
+
+#[tonic::async_trait]
+impl tap_server::Tap for TapApi {
+    async fn status(
+        &self,
+        request: Request<tap::StatusRequest>,
+    ) -> Result<Response<tap::StatusReport>, Status> {
+        let node = request.into_inner().node;
+        let only = (!node.is_empty()).then_some(node.as_str());
+        let report = self.0.status.report(crate::observe::now(), only);
+        if only.is_some() && report.nodes.is_empty() {
+            return Err(Status::not_found(format!("no node {node:?}")));
+        }
+        Ok(Response::new(report.into()))
+    }
+
+    async fn rollouts(
+        &self,
+        request: Request<tap::RolloutsRequest>,
+    ) -> Result<Response<tap::RolloutReport>, Status> {
+        let r = request.into_inner();
+        let version = (!r.version.is_empty()).then_some(r.version.as_str());
+        let report = (self.0.rollouts).report(crate::observe::now(), version, &r.types);
+        Ok(Response::new(report.into()))
+    }
+
+    type WatchStream = Pin<Box<dyn Stream<Item = Result<tap::WatchEvent, Status>> + Send>>;
+
+    async fn watch(
+        &self,
+        request: Request<tap::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let filter = request.into_inner();
+        for k in &filter.kinds {
+            if !KINDS.contains(&k.as_str()) {
+                return Err(Status::invalid_argument(format!(
+                    "unknown kind {k:?}: one of {}",
+                    KINDS.join(", ")
+                )));
+            }
+        }
+        let mut missed = 0;
+        let events = BroadcastStream::new(self.0.watchers.subscribe());
+        let stream = events.filter_map(move |e| match e {
+            Err(BroadcastStreamRecvError::Lagged(n)) => {
+                missed += n;
+                None
+            }
+            Ok(e) => watch_event(&e, &filter).map(|mut w| {
+                w.missed = std::mem::take(&mut missed);
+                Ok(w)
+            }),
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+/// Every kind a watcher may ask for.
+const KINDS: [&str; 8] = [
+    "ack",
+    "nack",
+    "superseded",
+    "unanswered",
+    "warming",
+    "stale-answer",
+    "nonce-reused",
+    "unmatched-answer",
+];
+
+/// `event` as the watcher sees it, when its filter lets it through.
+fn watch_event(event: &Event, filter: &tap::WatchRequest) -> Option<tap::WatchEvent> {
+    let at = event.context();
+    let node = at.node.as_ref().map(|n| n.id.as_str()).unwrap_or("");
+    let kind = match event {
+        Event::Verdict { verdict, .. } => verdict.name(),
+        Event::Warming { .. } => "warming",
+        Event::StaleAnswer { .. } => "stale-answer",
+        Event::NonceReused { .. } => "nonce-reused",
+        Event::UnmatchedAnswer { .. } => "unmatched-answer",
+        _ => return None,
+    };
+    let kind_wanted = match filter.kinds.is_empty() {
+        true => VERDICTS.contains(&kind),
+        false => filter.kinds.iter().any(|k| k == kind),
+    };
+    if !kind_wanted
+        || !type_wanted(&filter.types, &at.type_url)
+        || !(filter.node.is_empty() || glob(&filter.node, node))
+    {
+        return None;
+    }
+    let mut w = tap::WatchEvent {
+        time: rfc3339(at.time),
+        node: node.to_string(),
+        r#type: short_type(&at.type_url).to_string(),
+        type_url: at.type_url.clone(),
+        kind: kind.to_string(),
+        api: at
+            .stream
+            .api
+            .map(|a| a.as_str().to_string())
+            .unwrap_or_default(),
+        stream: at.stream.stream_id,
+        ..Default::default()
+    };
+    match event {
+        Event::Verdict {
+            push,
+            verdict,
+            decided_at,
+            client_version,
+            overtaken_by,
+            waiting_for,
+            ..
+        } => {
+            w.version = push.version.clone();
+            w.nonce = push.nonce.clone();
+            w.latency_ms = decided_at.saturating_sub(push.at) as f64 / 1e6;
+            w.client_version = client_version.clone().unwrap_or_default();
+            w.overtaken_by = overtaken_by.clone().unwrap_or_default();
+            w.waiting_for = waiting_for.clone();
+            match verdict {
+                Verdict::Nack {
+                    error, suspects, ..
+                } => {
+                    w.error_message = error.message.clone();
+                    w.suspects = suspects.clone();
+                }
+                Verdict::Superseded { by_nonce } => w.superseded_by = by_nonce.clone(),
+                Verdict::Unanswered { message, .. } => w.end_message = message.clone(),
+                Verdict::Ack => {}
+            }
+        }
+        Event::Warming {
+            nonce,
+            version,
+            clusters,
+            ..
+        } => {
+            w.nonce = nonce.clone();
+            w.version = version.clone();
+            w.waiting_for = clusters.clone();
+        }
+        Event::StaleAnswer { nonce, .. }
+        | Event::NonceReused { nonce, .. }
+        | Event::UnmatchedAnswer { nonce, .. } => w.nonce = nonce.clone(),
+        _ => {}
+    }
+    Some(w)
+}
+
+/// Whether `text` matches `pattern`, where `*` is any run of characters and `?` any one.
+pub fn glob(pattern: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    // The last `*` seen and where in `text` it took over; on a mismatch it takes one more.
+    let (mut i, mut j, mut star) = (0, 0, None);
+    while j < t.len() {
+        match p.get(i) {
+            Some('*') => {
+                star = Some((i, j));
+                i += 1;
+            }
+            Some(&c) if c == '?' || c == t[j] => {
+                i += 1;
+                j += 1;
+            }
+            _ => match star {
+                Some((si, sj)) => {
+                    i = si + 1;
+                    j = sj + 1;
+                    star = Some((si, sj + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    p[i..].iter().all(|&c| c == '*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::glob;
+
+    #[test]
+    fn globs() {
+        assert!(glob("*", ""));
+        assert!(glob(
+            "sidecar~*~reviews-*",
+            "sidecar~10.0.0.1~reviews-v1-abc.default"
+        ));
+        assert!(!glob(
+            "sidecar~*~ratings-*",
+            "sidecar~10.0.0.1~reviews-v1-abc.default"
+        ));
+        assert!(glob("envoy-?", "envoy-2"));
+        assert!(!glob("envoy-?", "envoy-22"));
+        assert!(glob("*a*b", "xaxxab"));
+        assert!(!glob("a", "ab"));
+        assert!(glob("exact", "exact"));
+    }
+}

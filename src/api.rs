@@ -1,0 +1,17 @@
+//! The gRPC messages and services of `proto/`, generated at build time (`build.rs`): the tap's
+//! own API (`xdstap.v1.Tap`), which the CLI reads, and the part of CSDS the tap serves; and the
+//! views' reports converted to and from its messages.
+
+pub mod convert;
+
+/// `xdstap.v1`: status, rollouts and watch.
+#[allow(clippy::all, missing_docs)]
+pub mod tap {
+    tonic::include_proto!("xdstap.v1");
+}
+
+/// `envoy.service.status.v3`: the Client Status Discovery Service, the fields the tap fills.
+#[allow(clippy::all, missing_docs)]
+pub mod csds {
+    tonic::include_proto!("envoy.service.status.v3");
+}

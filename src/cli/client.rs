@@ -1,0 +1,134 @@
+//! The CLI's way to a running tap: its gRPC API on the admin address, over TCP or a Unix
+//! socket, on a small runtime of its own.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::process::ExitCode;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use tonic::codegen::Service;
+use tonic::transport::{Channel, Uri};
+
+use super::{EX_UNAVAILABLE, EX_USAGE};
+use crate::api::tap::tap_client::TapClient;
+use crate::proxy::Endpoint;
+
+/// How long a connect to the tap may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why the tap could not be asked.
+#[derive(Debug, thiserror::Error)]
+pub enum AskError {
+    /// Bad `--admin`.
+    #[error("invalid --admin {0:?}: {1}")]
+    Address(String, String),
+    /// No connection.
+    #[error("cannot reach the tap's admin server at {0}: {1}")]
+    Connect(String, String),
+    /// The call failed.
+    #[error("the tap at {0} answered: {1}")]
+    Call(String, String),
+}
+
+impl AskError {
+    /// 64 for a bad address, 69 when the tap cannot be reached or failed.
+    pub fn exit(&self, command: &str) -> ExitCode {
+        match self {
+            AskError::Address(..) => {
+                eprintln!("error: {self}");
+                ExitCode::from(EX_USAGE)
+            }
+            _ => {
+                eprintln!("xdstap {command}: {self}");
+                ExitCode::from(EX_UNAVAILABLE)
+            }
+        }
+    }
+}
+
+/// A connected client of the tap at `admin`.
+pub struct Tap {
+    /// The generated client.
+    pub client: TapClient<Channel>,
+    /// The address, for messages.
+    pub admin: String,
+}
+
+impl Tap {
+    /// Connects to `admin` (`host:port` or `unix:/path`).
+    pub async fn connect(admin: &str) -> Result<Tap, AskError> {
+        let endpoint: Endpoint =
+            (admin.parse()).map_err(|e: String| AskError::Address(admin.into(), e))?;
+        let failed = |e: tonic::transport::Error| {
+            // The transport error's source says why (refused, no such file).
+            let why = std::error::Error::source(&e).map_or(e.to_string(), |s| s.to_string());
+            AskError::Connect(admin.into(), why)
+        };
+        let channel = match &endpoint {
+            Endpoint::Tcp(a) => {
+                let uri = format!("http://{a}");
+                (Channel::from_shared(uri)
+                    .map_err(|e| AskError::Address(admin.into(), e.to_string()))?)
+                .connect_timeout(CONNECT_TIMEOUT)
+                .connect()
+                .await
+                .map_err(failed)?
+            }
+            // The URI is not used: the connector dials the socket.
+            Endpoint::Unix(path) => (Channel::from_static("http://xdstap.admin"))
+                .connect_timeout(CONNECT_TIMEOUT)
+                .connect_with_connector(UnixConnector(path.clone()))
+                .await
+                .map_err(failed)?,
+        };
+        Ok(Tap {
+            client: TapClient::new(channel),
+            admin: admin.to_string(),
+        })
+    }
+
+    /// A failed call, as an error naming the tap.
+    pub fn failed(&self, status: tonic::Status) -> AskError {
+        AskError::Call(self.admin.clone(), status.message().to_string())
+    }
+}
+
+/// Dials a Unix socket for tonic.
+#[derive(Clone)]
+struct UnixConnector(PathBuf);
+
+impl Service<Uri> for UnixConnector {
+    type Response = TokioIo<tokio::net::UnixStream>;
+    type Error = std::io::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Uri) -> Self::Future {
+        let path = self.0.clone();
+        Box::pin(async move {
+            tokio::net::UnixStream::connect(path)
+                .await
+                .map(TokioIo::new)
+        })
+    }
+}
+
+/// Runs `f` on a one-thread runtime: the CLI's commands are small clients.
+pub fn block_on<F: Future>(f: F) -> Result<F::Output, ExitCode> {
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => Ok(rt.block_on(f)),
+        Err(e) => {
+            eprintln!("xdstap: cannot start the runtime: {e}");
+            Err(ExitCode::FAILURE)
+        }
+    }
+}

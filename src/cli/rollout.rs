@@ -1,0 +1,159 @@
+//! `xdstap rollout [VERSION]`: per type and version, how many nodes it was pushed to and how
+//! they answered, newest first; below the table, for each version not taken everywhere, the
+//! NACKs grouped by message and the nodes that do not run it. Exit 1 when any node rejected a
+//! version shown or never answered it.
+
+use std::process::ExitCode;
+
+use super::client::{block_on, AskError, Tap};
+use super::status::{age, one_line};
+use super::{table, Output, RolloutArgs};
+use crate::api::tap::RolloutsRequest;
+use crate::observe::rollout::{RolloutReport, RolloutStatus};
+
+/// `xdstap rollout`.
+pub fn run(args: &RolloutArgs) -> ExitCode {
+    let version = args.version.as_deref();
+    let report = match block_on(fetch(&args.admin.admin, version, &args.types)) {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return e.exit("rollout"),
+        Err(code) => return code,
+    };
+    match args.output {
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        ),
+        Output::Table => print!("{}", render(&report, false)),
+        Output::Wide => print!("{}", render(&report, true)),
+    }
+    if let (Some(v), true) = (version, report.rollouts.is_empty()) {
+        eprintln!("xdstap rollout: the tap has not seen version {v:?} pushed");
+        return ExitCode::from(1);
+    }
+    let failed = (report.rollouts.iter()).any(|r| r.nacked > 0 || r.unanswered > 0);
+    ExitCode::from(u8::from(failed))
+}
+
+/// The rollout view of the tap at `admin`.
+pub async fn fetch(
+    admin: &str,
+    version: Option<&str>,
+    types: &[String],
+) -> Result<RolloutReport, AskError> {
+    let mut tap = Tap::connect(admin).await?;
+    let request = RolloutsRequest {
+        version: version.unwrap_or("").to_string(),
+        types: types.to_vec(),
+    };
+    match tap.client.rollouts(request).await {
+        Ok(r) => Ok(r.into_inner().into()),
+        Err(e) => Err(tap.failed(e)),
+    }
+}
+
+fn ms(v: f64) -> String {
+    match v {
+        v if v >= 10_000.0 => format!("{:.0}s", v / 1000.0),
+        v if v >= 1000.0 => format!("{:.1}s", v / 1000.0),
+        v => format!("{v:.0}ms"),
+    }
+}
+
+/// The table, then what stands in the way of each version (everything with `wide`).
+pub fn render(report: &RolloutReport, wide: bool) -> String {
+    let header = [
+        "TYPE",
+        "VERSION",
+        "PUSHED",
+        "ACKED",
+        "NACKED",
+        "PENDING",
+        "SUPERSEDED",
+        "UNANSWERED",
+        "P50",
+        "P90",
+        "MAX",
+        "FIRST PUSH",
+    ];
+    let mut rows = vec![header.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
+    for r in &report.rollouts {
+        rows.push(vec![
+            r.short_type.clone(),
+            r.version.clone(),
+            r.pushed.to_string(),
+            r.acked.to_string(),
+            r.nacked.to_string(),
+            r.pending.to_string(),
+            r.superseded.to_string(),
+            r.unanswered.to_string(),
+            ms(r.latency_ms.p50),
+            ms(r.latency_ms.p90),
+            ms(r.latency_ms.max),
+            r.first_push.clone(),
+        ]);
+    }
+    let mut out = table(&rows);
+    if report.rollouts.is_empty() {
+        out.push_str("(no versions pushed yet)\n");
+    }
+    for r in &report.rollouts {
+        out.push_str(&details(r, wide));
+    }
+    out
+}
+
+/// Who rejected a version and why, and who does not run it.
+pub fn details(r: &RolloutStatus, wide: bool) -> String {
+    let mut out = String::new();
+    let name = format!("{} {}", r.short_type, r.version);
+    for g in &r.nacks {
+        let more = g.nodes.saturating_sub(g.examples.len() as u64);
+        let more = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        let suspects = match g.suspects.is_empty() {
+            true => String::new(),
+            false => format!(" [suspects: {}]", g.suspects.join(", ")),
+        };
+        out.push_str(&format!(
+            "\n{name} rejected by {} node{} ({}{more}): {}{suspects}\n",
+            g.nodes,
+            if g.nodes == 1 { "" } else { "s" },
+            g.examples.join(", "),
+            one_line(&g.message, wide),
+        ));
+    }
+    let behind: Vec<_> = (r.behind.iter())
+        .filter(|n| wide || n.state != "superseded")
+        .collect();
+    if behind.is_empty() {
+        return out;
+    }
+    out.push_str(&format!("\n{name}: nodes that do not run it\n"));
+    let mut rows = vec![["NODE", "STATE", "RUNNING", "FOR", "WAITING FOR"]
+        .iter()
+        .map(|h| h.to_string())
+        .collect::<Vec<_>>()];
+    for n in behind {
+        rows.push(vec![
+            format!("  {}", n.node),
+            n.state.clone(),
+            n.running.clone().unwrap_or_else(|| "-".into()),
+            age(n.waiting_seconds),
+            match n.waiting_for.is_empty() {
+                true => "-".into(),
+                false => format!("endpoints of {}", n.waiting_for.join(", ")),
+            },
+        ]);
+    }
+    out.push_str(&table(&rows));
+    let listed = r.behind.len() as u64;
+    let not_running = r.pushed - r.acked;
+    if not_running > listed {
+        out.push_str(&format!("  ... and {} more\n", not_running - listed));
+    }
+    out
+}

@@ -1,0 +1,181 @@
+//! `xdstap wait --version V`: what `istioctl x wait` should have been. It asks the tap's
+//! rollout view a few times a second and returns once every node that was pushed V (of the
+//! types asked for) has answered it:
+//! - 0 when every one accepted it, or moved on to a newer push before answering (superseded);
+//! - 1 as soon as any node rejected it: a NACK is a failure, never progress;
+//! - 2 on timeout, naming who is pending and who never answered.
+//!
+//! Nodes never pushed V are not waited for. Until V has been pushed at all, it waits for its
+//! first push (up to the timeout). A node whose stream ended before it answered (the control
+//! plane restarted, say) is waited for until V is pushed to it again on its new stream. Once
+//! nothing is pending it still waits `--settle` past V's last push, for nodes the control plane
+//! has yet to push it to.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use super::client::{block_on, Tap};
+use super::rollout::details;
+use super::WaitArgs;
+use crate::api::tap::RolloutsRequest;
+use crate::observe::rollout::{RolloutReport, RolloutStatus};
+
+/// How often the tap is asked.
+const POLL: Duration = Duration::from_millis(100);
+
+/// Where a rollout stands for `wait`.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every node pushed it accepted it or moved on; nothing more expected.
+    Accepted,
+    /// Some node rejected it.
+    Rejected,
+    /// Not yet.
+    Waiting,
+}
+
+/// The verdict on the rollouts of one version (one per type), `settle` past their last push.
+pub fn outcome(rollouts: &[RolloutStatus], settle: Duration) -> Outcome {
+    if rollouts.iter().any(|r| r.nacked > 0) {
+        return Outcome::Rejected;
+    }
+    let settled = |r: &RolloutStatus| {
+        r.pending == 0 && r.unanswered == 0 && r.since_last_push_seconds >= settle.as_secs_f64()
+    };
+    match !rollouts.is_empty() && rollouts.iter().all(settled) {
+        true => Outcome::Accepted,
+        false => Outcome::Waiting,
+    }
+}
+
+/// `xdstap wait`.
+pub fn run(args: &WaitArgs) -> ExitCode {
+    match block_on(wait(args)) {
+        Ok(code) => code,
+        Err(code) => code,
+    }
+}
+
+async fn wait(args: &WaitArgs) -> ExitCode {
+    let started = Instant::now();
+    let deadline = started + args.timeout.0;
+    let mut tap = match Tap::connect(&args.admin.admin).await {
+        Ok(t) => t,
+        Err(e) => return e.exit("wait"),
+    };
+    let request = RolloutsRequest {
+        version: args.version.clone(),
+        types: args.types.clone(),
+    };
+    loop {
+        let report: RolloutReport = match tap.client.rollouts(request.clone()).await {
+            Ok(r) => r.into_inner().into(),
+            Err(e) => return tap.failed(e).exit("wait"),
+        };
+        let rollouts = &report.rollouts;
+        match outcome(rollouts, args.settle.0) {
+            Outcome::Accepted => {
+                for r in rollouts {
+                    println!("{}", summary(r));
+                }
+                return ExitCode::SUCCESS;
+            }
+            Outcome::Rejected => {
+                eprintln!("xdstap wait: version {} was rejected", args.version);
+                for r in rollouts {
+                    println!("{}", summary(r));
+                    print!("{}", details(r, false));
+                }
+                return ExitCode::from(1);
+            }
+            Outcome::Waiting if Instant::now() >= deadline => {
+                let waited = humantime(started.elapsed());
+                if rollouts.is_empty() {
+                    eprintln!(
+                        "xdstap wait: timed out after {waited}: version {} was never pushed{}",
+                        args.version,
+                        match args.types.is_empty() {
+                            true => String::new(),
+                            false => format!(" as {}", args.types.join(", ")),
+                        }
+                    );
+                } else {
+                    eprintln!("xdstap wait: timed out after {waited}");
+                }
+                for r in rollouts {
+                    println!("{}", summary(r));
+                    print!("{}", details(r, false));
+                }
+                return ExitCode::from(2);
+            }
+            Outcome::Waiting => tokio::time::sleep(POLL).await,
+        }
+    }
+}
+
+fn humantime(d: Duration) -> String {
+    format!("{:.1}s", d.as_secs_f64())
+}
+
+/// One line per type: `CDS v2: 3 of 3 nodes acked (p50 12ms, max 40ms)`.
+pub fn summary(r: &RolloutStatus) -> String {
+    let mut parts = vec![format!("{} acked", r.acked)];
+    for (n, what) in [
+        (r.nacked, "nacked"),
+        (r.superseded, "superseded"),
+        (r.pending, "pending"),
+        (r.unanswered, "unanswered"),
+    ] {
+        if n > 0 {
+            parts.push(format!("{n} {what}"));
+        }
+    }
+    format!(
+        "{} {}: {} node{} pushed it: {} (push to answer p50 {:.0}ms, max {:.0}ms)",
+        r.short_type,
+        r.version,
+        r.pushed,
+        if r.pushed == 1 { "" } else { "s" },
+        parts.join(", "),
+        r.latency_ms.p50,
+        r.latency_ms.max
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rollout(pending: u64, nacked: u64, unanswered: u64, since: f64) -> RolloutStatus {
+        RolloutStatus {
+            pushed: 3,
+            pending,
+            nacked,
+            unanswered,
+            acked: 3 - pending - nacked - unanswered,
+            since_last_push_seconds: since,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn outcomes() {
+        let s = Duration::from_secs(1);
+        assert_eq!(outcome(&[], s), Outcome::Waiting, "never pushed yet");
+        assert_eq!(outcome(&[rollout(0, 0, 0, 2.0)], s), Outcome::Accepted);
+        assert_eq!(
+            outcome(&[rollout(0, 0, 0, 0.5)], s),
+            Outcome::Waiting,
+            "settling"
+        );
+        assert_eq!(outcome(&[rollout(1, 0, 0, 2.0)], s), Outcome::Waiting);
+        assert_eq!(outcome(&[rollout(0, 0, 1, 2.0)], s), Outcome::Waiting);
+        assert_eq!(
+            outcome(&[rollout(2, 1, 0, 0.0)], s),
+            Outcome::Rejected,
+            "at once"
+        );
+        let both = [rollout(0, 0, 0, 2.0), rollout(1, 0, 0, 2.0)];
+        assert_eq!(outcome(&both, s), Outcome::Waiting, "every type");
+    }
+}

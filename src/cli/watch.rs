@@ -1,0 +1,147 @@
+//! `xdstap watch`: verdicts as they happen, one line each (or one JSON object per line), until
+//! interrupted, `--count` lines, or the tap goes away (exit 69).
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use super::client::{block_on, Tap};
+use super::status::one_line;
+use super::{Output, WatchArgs, EX_UNAVAILABLE};
+use crate::api::tap::{WatchEvent, WatchRequest};
+
+/// `xdstap watch`.
+pub fn run(args: &WatchArgs) -> ExitCode {
+    match block_on(watch(args)) {
+        Ok(code) => code,
+        Err(code) => code,
+    }
+}
+
+async fn watch(args: &WatchArgs) -> ExitCode {
+    let mut tap = match Tap::connect(&args.admin.admin).await {
+        Ok(t) => t,
+        Err(e) => return e.exit("watch"),
+    };
+    let request = WatchRequest {
+        node: args.node.clone().unwrap_or_default(),
+        types: args.types.clone(),
+        kinds: args.verdicts.iter().map(|k| k.name().to_string()).collect(),
+    };
+    let mut events = match tap.client.watch(request).await {
+        Ok(r) => r.into_inner(),
+        Err(e) => return tap.failed(e).exit("watch"),
+    };
+    let wide = args.output == Output::Wide;
+    let mut shown = 0;
+    let mut out = std::io::stdout().lock();
+    loop {
+        if args.count.is_some_and(|n| shown >= n) {
+            return ExitCode::SUCCESS;
+        }
+        let e = match events.message().await {
+            Ok(Some(e)) => e,
+            Ok(None) => {
+                eprintln!("xdstap watch: the tap at {} ended the watch", tap.admin);
+                return ExitCode::from(EX_UNAVAILABLE);
+            }
+            Err(e) => return tap.failed(e).exit("watch"),
+        };
+        if e.missed > 0 {
+            let _ = writeln!(out, "({} events missed: reading too slowly)", e.missed);
+        }
+        let line = match args.output {
+            Output::Json => json(&e).to_string(),
+            _ => line(&e, wide),
+        };
+        // A closed pipe (`| head`) ends the watch quietly.
+        if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
+            return ExitCode::SUCCESS;
+        }
+        shown += 1;
+    }
+}
+
+/// One event on one line: time, node, type, kind, version, and what matters for the kind.
+pub fn line(e: &WatchEvent, wide: bool) -> String {
+    let mut s = format!(
+        "{}  {}  {}  {}  {}",
+        e.time,
+        e.node,
+        e.r#type,
+        e.kind.to_uppercase(),
+        e.version
+    );
+    let add = |s: &mut String, part: String| {
+        s.push_str("  ");
+        s.push_str(&part);
+    };
+    if matches!(e.kind.as_str(), "ack" | "nack") {
+        add(&mut s, format!("{:.0}ms", e.latency_ms));
+    }
+    if e.kind == "nack" {
+        add(&mut s, format!("running {}", or_nothing(&e.client_version)));
+        add(&mut s, one_line(&e.error_message, wide));
+        if !e.suspects.is_empty() {
+            add(&mut s, format!("[suspects: {}]", e.suspects.join(", ")));
+        }
+    }
+    if !e.overtaken_by.is_empty() {
+        add(
+            &mut s,
+            format!("(answered after push {} went out)", e.overtaken_by),
+        );
+    }
+    if !e.superseded_by.is_empty() {
+        add(&mut s, format!("by push {}", e.superseded_by));
+    }
+    if !e.end_message.is_empty() {
+        add(&mut s, e.end_message.clone());
+    }
+    match (e.kind.as_str(), e.waiting_for.is_empty()) {
+        ("warming", true) => add(&mut s, "every cluster has its endpoints".into()),
+        (_, false) => add(
+            &mut s,
+            format!("waiting for endpoints of {}", e.waiting_for.join(", ")),
+        ),
+        _ => {}
+    }
+    if matches!(
+        e.kind.as_str(),
+        "stale-answer" | "nonce-reused" | "unmatched-answer"
+    ) {
+        add(&mut s, format!("nonce {}", e.nonce));
+    }
+    s
+}
+
+fn or_nothing(v: &str) -> &str {
+    if v.is_empty() {
+        "nothing"
+    } else {
+        v
+    }
+}
+
+/// One event as a JSON object, every field named as in the API.
+pub fn json(e: &WatchEvent) -> serde_json::Value {
+    serde_json::json!({
+        "time": e.time,
+        "node": e.node,
+        "type": e.r#type,
+        "type_url": e.type_url,
+        "kind": e.kind,
+        "version": e.version,
+        "nonce": e.nonce,
+        "latency_ms": e.latency_ms,
+        "client_version": e.client_version,
+        "error_message": e.error_message,
+        "suspects": e.suspects,
+        "overtaken_by": e.overtaken_by,
+        "superseded_by": e.superseded_by,
+        "end_message": e.end_message,
+        "waiting_for": e.waiting_for,
+        "missed": e.missed,
+        "api": e.api,
+        "stream": e.stream,
+    })
+}

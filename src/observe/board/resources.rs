@@ -1,0 +1,270 @@
+//! Per resource, what each node has: the view CSDS serves. For a type, the resources the node
+//! last accepted (SotW: that push, shared with the correlator, not copied; Delta: names,
+//! versions and digests folded over its accepted pushes), and the last push it has not
+//! accepted, pending or NACKed. Names, versions and digests only: never contents.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use super::{StatusBoard, TypeEntry};
+use crate::correlate::{Push, Timestamp, Verdict};
+use crate::xds::Api;
+
+/// What a node accepted of one type.
+pub(super) enum Held {
+    /// SotW: the accepted push is the whole state.
+    Sotw(Arc<Push>, Timestamp),
+    /// Delta: name -> (version, digest, when accepted).
+    Delta(BTreeMap<String, (Option<String>, u64, Timestamp)>),
+}
+
+/// The last push of a type the node has not accepted.
+pub(super) struct Unsettled {
+    push: Arc<Push>,
+    /// The NACK of it: (message, suspects, when).
+    nack: Option<(String, Vec<String>, Timestamp)>,
+}
+
+impl Unsettled {
+    pub(super) fn new(push: Arc<Push>) -> Self {
+        Unsettled { push, nack: None }
+    }
+}
+
+/// Folds a verdict into what the node holds.
+pub(super) fn on_verdict(
+    t: &mut TypeEntry,
+    api: Option<Api>,
+    push: &Arc<Push>,
+    verdict: &Verdict,
+    decided_at: Timestamp,
+) {
+    let ours = t
+        .unsettled
+        .as_ref()
+        .is_some_and(|u| u.push.nonce == push.nonce);
+    match verdict {
+        Verdict::Ack => {
+            match (api, &mut t.held) {
+                (Some(Api::Delta), Some(Held::Delta(ref mut held))) => fold(held, push, decided_at),
+                (Some(Api::Delta), _) => {
+                    let mut held = BTreeMap::new();
+                    fold(&mut held, push, decided_at);
+                    t.held = Some(Held::Delta(held));
+                }
+                _ => t.held = Some(Held::Sotw(push.clone(), decided_at)),
+            }
+            if ours {
+                t.unsettled = None;
+            }
+        }
+        Verdict::Nack {
+            error, suspects, ..
+        } if ours => {
+            if let Some(u) = &mut t.unsettled {
+                u.nack = Some((error.message.clone(), suspects.clone(), decided_at));
+            }
+        }
+        _ => {}
+    }
+}
+
+fn fold(held: &mut BTreeMap<String, (Option<String>, u64, Timestamp)>, push: &Push, at: Timestamp) {
+    for name in &push.removed {
+        held.remove(name);
+    }
+    for r in push.resources.iter() {
+        let version = r.version.map(String::from);
+        held.insert(r.name.into_owned(), (version, r.digest, at));
+    }
+}
+
+/// How a resource stands, from the control plane's side (CSDS `ConfigStatus`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConfigStatus {
+    /// Sent and accepted.
+    Synced,
+    /// Sent, not answered yet.
+    Stale,
+    /// Sent and rejected (in a NACKed push).
+    Error,
+}
+
+/// What the client has of it (CSDS `ClientResourceStatus`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientStatus {
+    /// It runs an accepted version.
+    Acked,
+    /// It rejected the version sent (the NACK names it, or names nothing).
+    Nacked,
+    /// Sent, not (yet) accepted, and it had no version before.
+    Requested,
+}
+
+/// One resource of one node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResourceStatus {
+    /// Full type URL.
+    pub type_url: String,
+    /// The resource name.
+    pub name: String,
+    /// The version the client runs (the resource's own, else its push's); empty: none.
+    pub version: String,
+    /// The control plane's side.
+    pub config: ConfigStatus,
+    /// The client's side.
+    pub client: ClientStatus,
+    /// When this changed last: accepted, pushed or rejected.
+    pub last_updated: Timestamp,
+    /// When in a NACKed push: (the client's message, the version rejected, when).
+    pub error: Option<(String, String, Timestamp)>,
+}
+
+/// One node's resources.
+#[derive(Clone, Debug)]
+pub struct NodeResources {
+    /// `node.id`.
+    pub id: String,
+    /// `node.cluster`.
+    pub cluster: String,
+    /// `user_agent_name user_agent_version`.
+    pub user_agent: String,
+    /// By type URL, then name.
+    pub resources: Vec<ResourceStatus>,
+}
+
+/// One held resource: its version and digest, when accepted.
+struct Had {
+    version: String,
+    digest: u64,
+    at: Timestamp,
+}
+
+fn held_resources(held: Option<&Held>) -> BTreeMap<String, Had> {
+    match held {
+        None => BTreeMap::new(),
+        Some(Held::Sotw(p, at)) => (p.resources.iter())
+            .map(|r| {
+                let version = r.version.unwrap_or(&p.version).to_string();
+                let had = Had {
+                    version,
+                    digest: r.digest,
+                    at: *at,
+                };
+                (r.name.into_owned(), had)
+            })
+            .collect(),
+        Some(Held::Delta(m)) => (m.iter())
+            .map(|(name, (version, digest, at))| {
+                let version = version.clone().unwrap_or_default();
+                let had = Had {
+                    version,
+                    digest: *digest,
+                    at: *at,
+                };
+                (name.clone(), had)
+            })
+            .collect(),
+    }
+}
+
+/// Every resource of one type of one node.
+fn type_resources(url: &str, t: &TypeEntry, out: &mut Vec<ResourceStatus>) {
+    let had = held_resources(t.held.as_ref());
+    let status = |name: String, h: &Had| ResourceStatus {
+        type_url: url.to_string(),
+        name,
+        version: h.version.clone(),
+        config: ConfigStatus::Synced,
+        client: ClientStatus::Acked,
+        last_updated: h.at,
+        error: None,
+    };
+    let Some(u) = &t.unsettled else {
+        out.extend(had.iter().map(|(n, h)| status(n.clone(), h)));
+        return;
+    };
+    let (config, at) = match &u.nack {
+        Some((_, _, at)) => (ConfigStatus::Error, *at),
+        None => (ConfigStatus::Stale, u.push.at),
+    };
+    let error = (u.nack.as_ref()).map(|(m, _, at)| (m.clone(), u.push.version.clone(), *at));
+    let named = |name: &str| match &u.nack {
+        Some((_, suspects, _)) => suspects.is_empty() || suspects.iter().any(|s| s == name),
+        None => false,
+    };
+    let unsettled = |name: String, before: Option<&Had>| ResourceStatus {
+        type_url: url.to_string(),
+        version: before.map(|h| h.version.clone()).unwrap_or_default(),
+        config,
+        client: match before {
+            _ if named(&name) => ClientStatus::Nacked,
+            Some(_) => ClientStatus::Acked,
+            None => ClientStatus::Requested,
+        },
+        last_updated: at,
+        error: error.clone(),
+        name,
+    };
+    let mut changed: HashMap<String, ResourceStatus> = HashMap::new();
+    for r in u.push.resources.iter() {
+        match had.get(&*r.name) {
+            Some(h) if h.digest == r.digest => {}
+            before => {
+                let s = unsettled(r.name.to_string(), before);
+                changed.insert(r.name.into_owned(), s);
+            }
+        }
+    }
+    // SotW: what the push leaves out, it removes; Delta says what it removes.
+    let removed: Vec<String> = match &t.held {
+        Some(Held::Delta(_)) | None if u.push.removed.is_empty() => vec![],
+        Some(Held::Delta(_)) | None => u.push.removed.clone(),
+        Some(Held::Sotw(..)) => {
+            let now: std::collections::HashSet<_> =
+                u.push.resources.iter().map(|r| r.name).collect();
+            had.keys()
+                .filter(|n| !now.contains(n.as_str()))
+                .cloned()
+                .collect()
+        }
+    };
+    for name in removed {
+        if let Some(h) = had.get(&name) {
+            let s = unsettled(name.clone(), Some(h));
+            changed.insert(name, s);
+        }
+    }
+    let start = out.len();
+    for (name, h) in &had {
+        if !changed.contains_key(name) {
+            out.push(status(name.clone(), h));
+        }
+    }
+    out.extend(changed.into_values());
+    out[start..].sort_by(|a, b| a.name.cmp(&b.name));
+}
+
+impl StatusBoard {
+    /// The resources of every node whose id `wanted` accepts, by node id.
+    pub fn resources(&self, wanted: impl Fn(&str) -> bool) -> Vec<NodeResources> {
+        let board = self.lock();
+        let mut nodes: Vec<NodeResources> = (board.nodes.iter())
+            .filter(|(id, _)| wanted(id))
+            .map(|(id, n)| {
+                let mut resources = Vec::new();
+                for (url, t) in &n.types {
+                    type_resources(url, t, &mut resources);
+                }
+                NodeResources {
+                    id: id.clone(),
+                    cluster: n.cluster.clone(),
+                    user_agent: n.user_agent.clone(),
+                    resources,
+                }
+            })
+            .collect();
+        nodes.sort_by(|a, b| a.id.cmp(&b.id));
+        nodes
+    }
+}

@@ -1,0 +1,590 @@
+//! The rollout view: per type and version, every node that version was pushed to and how each
+//! answered (acked, nacked with the message grouped, superseded, unanswered, still pending), as
+//! "I pushed V: who has it?" wants it. Fed by events on the sinks' thread, read by `/rollouts`,
+//! the gRPC API, `xdstap rollout` and `xdstap wait`.
+//!
+//! Memory is bounded: the last [`RolloutSettings::versions`] versions per type, each with one
+//! 16-byte entry per node it was pushed to beside the node's id, which every version shares;
+//! the lists a report gives are capped, its counts exact.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+use super::record::rfc3339;
+use super::Sink;
+use crate::correlate::{Event, Timestamp, Verdict};
+use crate::xds::short_type;
+
+/// NACK messages told apart per rollout; past it the rest share one group.
+const MAX_GROUPS: usize = 32;
+/// Example nodes per NACK group.
+const EXAMPLES: usize = 5;
+
+/// How much the view keeps and lists.
+#[derive(Clone, Debug)]
+pub struct RolloutSettings {
+    /// Versions kept per type (the oldest goes when a new one is pushed).
+    pub versions: usize,
+    /// Nodes listed per list in a report (the counts stay exact).
+    pub listed: usize,
+    /// Nodes whose running version and warming are remembered, at most.
+    pub max_nodes: usize,
+}
+
+impl Default for RolloutSettings {
+    fn default() -> Self {
+        RolloutSettings {
+            versions: 10,
+            listed: 20,
+            max_nodes: 100_000,
+        }
+    }
+}
+
+/// Where one node stands with one version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Standing {
+    Nacked,
+    Unanswered,
+    Pending,
+    Superseded,
+    Acked,
+}
+
+impl Standing {
+    fn label(self) -> &'static str {
+        match self {
+            Standing::Pending => "pending",
+            Standing::Acked => "acked",
+            Standing::Nacked => "nacked",
+            Standing::Superseded => "superseded",
+            Standing::Unanswered => "unanswered",
+        }
+    }
+}
+
+/// One node's entry in one rollout.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    standing: Standing,
+    /// Push to answer, milliseconds, when answered.
+    latency_ms: u32,
+    /// When the node was (last) pushed this version.
+    pushed_at: Timestamp,
+}
+
+/// The NACKs of one rollout with one message.
+#[derive(Clone, Debug)]
+struct NackGroup {
+    /// The message as the first node sent it.
+    message: String,
+    /// The message with what varies between runs taken out, to group by.
+    key: String,
+    suspects: Vec<String>,
+    nodes: u64,
+    examples: Vec<Arc<str>>,
+}
+
+/// One version of one type.
+#[derive(Debug)]
+struct Rollout {
+    type_url: Arc<str>,
+    version: Arc<str>,
+    first_push: Timestamp,
+    last_push: Timestamp,
+    last_answer: Option<Timestamp>,
+    nodes: HashMap<Arc<str>, Entry>,
+    nacks: Vec<NackGroup>,
+}
+
+/// A CDS push that waits for EDS: its version and the EDS names.
+struct Waiting {
+    nonce: String,
+    version: String,
+    clusters: Vec<String>,
+}
+
+/// (type URL, version) per type a node answered.
+type Running = Vec<(Arc<str>, Arc<str>)>;
+
+#[derive(Default)]
+struct Book {
+    /// type URL -> its rollouts, oldest first.
+    types: HashMap<Arc<str>, VecDeque<Rollout>>,
+    /// node -> what it says it runs, per type it answered.
+    running: HashMap<Arc<str>, Running>,
+    /// node -> its CDS push waiting for EDS.
+    waiting: HashMap<Arc<str>, Waiting>,
+    /// Node ids, type URLs and versions, shared by everything that names them.
+    strings: HashSet<Arc<str>>,
+}
+
+/// The shared rollout view.
+#[derive(Clone)]
+pub struct Rollouts {
+    inner: Arc<Mutex<Book>>,
+    settings: RolloutSettings,
+}
+
+/// `/rollouts`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RolloutReport {
+    /// When this was taken.
+    pub generated_at: String,
+    /// Newest first.
+    pub rollouts: Vec<RolloutStatus>,
+}
+
+/// One version of one type across the fleet.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RolloutStatus {
+    /// `CDS`, ... or the type URL.
+    #[serde(rename = "type")]
+    pub short_type: String,
+    /// Full type URL.
+    pub type_url: String,
+    /// The version.
+    pub version: String,
+    /// Its first push.
+    pub first_push: String,
+    /// Its last push.
+    pub last_push: String,
+    /// Seconds since its last push.
+    pub since_last_push_seconds: f64,
+    /// Its last answer.
+    pub last_answer: Option<String>,
+    /// Nodes it was pushed to.
+    pub pushed: u64,
+    /// ... that accepted it.
+    pub acked: u64,
+    /// ... that rejected it.
+    pub nacked: u64,
+    /// ... whose push a newer one replaced before they answered.
+    pub superseded: u64,
+    /// ... whose stream ended first (and that were not pushed it again since).
+    pub unanswered: u64,
+    /// ... still to answer.
+    pub pending: u64,
+    /// Push to answer over the nodes that answered, milliseconds.
+    pub latency_ms: Latency,
+    /// The nodes pushed this version that do not run it: NACKs first, then unanswered, then
+    /// pending (longest waiting first), then superseded (capped).
+    pub behind: Vec<NodeStanding>,
+    /// Nodes that accepted it (capped).
+    pub acked_nodes: Vec<String>,
+    /// NACKs grouped by message, most nodes first.
+    pub nacks: Vec<NackSummary>,
+}
+
+/// Push-to-answer percentiles, milliseconds.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Latency {
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// Slowest.
+    pub max: f64,
+}
+
+/// A node that was pushed a version and does not run it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct NodeStanding {
+    /// `node.id`.
+    pub node: String,
+    /// `pending`, `nacked`, `superseded` or `unanswered`.
+    pub state: String,
+    /// The version it says it runs, when it said.
+    pub running: Option<String>,
+    /// When it was (last) pushed this version.
+    pub pushed_at: String,
+    /// Seconds since.
+    pub waiting_seconds: f64,
+    /// CDS: the EDS resources it waits for before it can answer (cluster warming).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting_for: Vec<String>,
+}
+
+/// The NACKs with one message.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct NackSummary {
+    /// The message, as the first node sent it.
+    pub message: String,
+    /// How many nodes sent it.
+    pub nodes: u64,
+    /// Some of them.
+    pub examples: Vec<String>,
+    /// The resources to look at.
+    pub suspects: Vec<String>,
+}
+
+/// A message with its run-to-run noise taken out, to group NACKs by: Envoy's messages can embed
+/// a debug marker (`goo.gle/debugonly`, `goo.gle/debugproto`, ...) and varying spacing.
+fn group_key(message: &str) -> String {
+    message
+        .split_whitespace()
+        .filter(|w| !w.starts_with("goo.gle/debug"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The node id an event is about, as the status board names it.
+fn node_id(event: &Event) -> std::borrow::Cow<'_, str> {
+    let at = event.context();
+    match &at.node {
+        Some(n) if !n.id.is_empty() => std::borrow::Cow::Borrowed(&n.id),
+        _ => format!("(no node id, stream {})", at.stream.stream_id).into(),
+    }
+}
+
+/// Whether `type_url` is among `types` (short names such as `CDS`, or type URLs; none: all).
+pub fn type_wanted(types: &[String], type_url: &str) -> bool {
+    types.is_empty()
+        || types
+            .iter()
+            .any(|t| t == type_url || t.eq_ignore_ascii_case(short_type(type_url)))
+}
+
+impl Book {
+    /// The shared copy of `s`. Past `max` strings the table is not grown: a fresh copy is
+    /// handed out (correct, only not shared).
+    fn intern(&mut self, s: &str, max: usize) -> Arc<str> {
+        if let Some(a) = self.strings.get(s) {
+            return a.clone();
+        }
+        let a: Arc<str> = Arc::from(s);
+        if self.strings.len() < max {
+            self.strings.insert(a.clone());
+        }
+        a
+    }
+
+    /// Drops shared strings nothing else holds any more.
+    fn sweep(&mut self) {
+        self.strings.retain(|s| Arc::strong_count(s) > 1);
+    }
+
+    fn rollout(&mut self, type_url: &str, version: &str) -> Option<&mut Rollout> {
+        (self.types.get_mut(type_url)?)
+            .iter_mut()
+            .find(|r| &*r.version == version)
+    }
+
+    fn set_running(&mut self, node: &Arc<str>, type_url: &str, version: &str, max: usize) {
+        if !self.running.contains_key(node) && self.running.len() >= max {
+            return;
+        }
+        let type_url = self.intern(type_url, usize::MAX);
+        let version = self.intern(version, max.saturating_mul(4));
+        let types = self.running.entry(node.clone()).or_default();
+        match types.iter_mut().find(|(t, _)| *t == type_url) {
+            Some((_, v)) => *v = version,
+            None => types.push((type_url, version)),
+        }
+    }
+
+    fn running(&self, node: &str, type_url: &str) -> Option<&str> {
+        self.running
+            .get(node)?
+            .iter()
+            .find(|(t, _)| &**t == type_url)
+            .map(|(_, v)| &**v)
+    }
+
+    fn on_push(&mut self, event: &Event, settings: &RolloutSettings) {
+        let Event::Push { at, push } = event else {
+            return;
+        };
+        if push.version.is_empty() {
+            return;
+        }
+        let node = self.intern(&node_id(event), settings.max_nodes.saturating_mul(2));
+        if self.rollout(&at.type_url, &push.version).is_none() {
+            let type_url = self.intern(&at.type_url, usize::MAX);
+            let version = self.intern(&push.version, settings.max_nodes.saturating_mul(4));
+            let rollouts = self.types.entry(type_url.clone()).or_default();
+            if rollouts.len() >= settings.versions.max(1) {
+                rollouts.pop_front();
+                self.sweep();
+            }
+            let rollouts = self.types.get_mut(&type_url).expect("made above");
+            rollouts.push_back(Rollout {
+                type_url,
+                version,
+                first_push: push.at,
+                last_push: push.at,
+                last_answer: None,
+                nodes: HashMap::new(),
+                nacks: Vec::new(),
+            });
+        }
+        let r = (self.rollout(&at.type_url, &push.version)).expect("made above");
+        r.last_push = r.last_push.max(push.at);
+        let e = r.nodes.entry(node).or_insert(Entry {
+            standing: Standing::Pending,
+            latency_ms: 0,
+            pushed_at: push.at,
+        });
+        // A node that runs the version stays on it; any other, pushed it again, waits again.
+        if e.standing != Standing::Acked {
+            e.standing = Standing::Pending;
+            e.pushed_at = push.at;
+        }
+    }
+
+    fn on_verdict(&mut self, event: &Event, settings: &RolloutSettings) {
+        let Event::Verdict {
+            at,
+            push,
+            verdict,
+            decided_at,
+            client_version,
+            ..
+        } = event
+        else {
+            return;
+        };
+        let node = self.intern(&node_id(event), settings.max_nodes.saturating_mul(2));
+        let running = match verdict {
+            Verdict::Ack => Some(push.version.as_str()),
+            Verdict::Nack { .. } => client_version.as_deref().filter(|v| !v.is_empty()),
+            _ => None,
+        };
+        if let Some(v) = running.filter(|v| !v.is_empty()) {
+            self.set_running(&node, &at.type_url, v, settings.max_nodes);
+        }
+        if self
+            .waiting
+            .get(&node)
+            .is_some_and(|w| w.nonce == push.nonce)
+        {
+            self.waiting.remove(&node);
+        }
+        if let Some(r) = self.rollout(&at.type_url, &push.version) {
+            r.on_verdict(node, verdict, push.at, *decided_at);
+        }
+    }
+
+    fn apply(&mut self, event: &Event, settings: &RolloutSettings) {
+        match event {
+            Event::Push { .. } => self.on_push(event, settings),
+            Event::Verdict { .. } => self.on_verdict(event, settings),
+            // A client reconnecting states what it runs: it accepted that version.
+            Event::Resubscribe { at, version, .. } if !version.is_empty() => {
+                let node = self.intern(&node_id(event), settings.max_nodes.saturating_mul(2));
+                self.set_running(&node, &at.type_url, version, settings.max_nodes);
+                if let Some(e) =
+                    (self.rollout(&at.type_url, version)).and_then(|r| r.nodes.get_mut(&node))
+                {
+                    e.standing = Standing::Acked;
+                }
+            }
+            Event::Warming {
+                nonce,
+                version,
+                clusters,
+                ..
+            } => {
+                let node = self.intern(&node_id(event), settings.max_nodes.saturating_mul(2));
+                if clusters.is_empty() {
+                    self.waiting.remove(&node);
+                } else if self.waiting.contains_key(&node)
+                    || self.waiting.len() < settings.max_nodes
+                {
+                    let waiting = Waiting {
+                        nonce: nonce.clone(),
+                        version: version.clone(),
+                        clusters: clusters.clone(),
+                    };
+                    self.waiting.insert(node, waiting);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+impl Rollouts {
+    /// An empty view.
+    pub fn new(settings: RolloutSettings) -> Self {
+        Rollouts {
+            inner: Arc::default(),
+            settings,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Book> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies one event.
+    pub fn apply(&self, event: &Event) {
+        self.lock().apply(event, &self.settings);
+    }
+
+    /// The rollouts (of one version, of some types, or all), newest first, as of `now`.
+    pub fn report(&self, now: Timestamp, version: Option<&str>, types: &[String]) -> RolloutReport {
+        let book = self.lock();
+        let mut all: Vec<&Rollout> = (book.types.iter())
+            .filter(|(url, _)| type_wanted(types, url))
+            .flat_map(|(_, rs)| rs.iter())
+            .filter(|r| version.is_none_or(|v| v == &*r.version))
+            .collect();
+        all.sort_by(|a, b| {
+            (b.first_push.cmp(&a.first_push)).then_with(|| a.type_url.cmp(&b.type_url))
+        });
+        RolloutReport {
+            generated_at: rfc3339(now),
+            rollouts: (all.into_iter())
+                .map(|r| r.status(&book, now, self.settings.listed))
+                .collect(),
+        }
+    }
+}
+
+impl Rollout {
+    /// The NACK group of `message`, made when new.
+    fn group(&mut self, message: &str, suspects: &[String]) -> usize {
+        let key = group_key(message);
+        if let Some(i) = self.nacks.iter().position(|g| g.key == key) {
+            return i;
+        }
+        if self.nacks.len() == MAX_GROUPS {
+            return MAX_GROUPS - 1;
+        }
+        self.nacks.push(NackGroup {
+            message: message.to_string(),
+            key,
+            suspects: suspects.to_vec(),
+            nodes: 0,
+            examples: Vec::new(),
+        });
+        self.nacks.len() - 1
+    }
+
+    fn on_verdict(&mut self, node: Arc<str>, verdict: &Verdict, pushed: u64, decided: u64) {
+        let Some(e) = self.nodes.get(&node).copied() else {
+            return;
+        };
+        let latency_ms = (decided.saturating_sub(pushed) / 1_000_000).min(u32::MAX as u64) as u32;
+        let answered = Entry { latency_ms, ..e };
+        let new = match verdict {
+            Verdict::Ack => Entry {
+                standing: Standing::Acked,
+                ..answered
+            },
+            Verdict::Nack {
+                error, suspects, ..
+            } => {
+                let i = self.group(&error.message, suspects);
+                let g = &mut self.nacks[i];
+                g.nodes += 1;
+                if g.examples.len() < EXAMPLES && !g.examples.contains(&node) {
+                    g.examples.push(node.clone());
+                }
+                Entry {
+                    standing: Standing::Nacked,
+                    ..answered
+                }
+            }
+            // A node that runs the version already stays on it.
+            _ if e.standing == Standing::Acked => e,
+            Verdict::Superseded { .. } => Entry {
+                standing: Standing::Superseded,
+                ..e
+            },
+            Verdict::Unanswered { .. } => Entry {
+                standing: Standing::Unanswered,
+                ..e
+            },
+        };
+        if matches!(verdict, Verdict::Ack | Verdict::Nack { .. }) {
+            self.last_answer = Some(self.last_answer.unwrap_or(0).max(decided));
+        }
+        self.nodes.insert(node, new);
+    }
+
+    fn status(&self, book: &Book, now: Timestamp, listed: usize) -> RolloutStatus {
+        let count = |s: Standing| self.nodes.values().filter(|e| e.standing == s).count() as u64;
+        let mut latencies: Vec<u32> = (self.nodes.values())
+            .filter(|e| matches!(e.standing, Standing::Acked | Standing::Nacked))
+            .map(|e| e.latency_ms)
+            .collect();
+        latencies.sort_unstable();
+        let pct = |q: f64| {
+            let i = ((latencies.len() as f64 * q).ceil() as usize).saturating_sub(1);
+            latencies.get(i).map_or(0.0, |&ms| ms as f64)
+        };
+        let mut behind: Vec<(&Arc<str>, &Entry)> = (self.nodes.iter())
+            .filter(|(_, e)| e.standing != Standing::Acked)
+            .collect();
+        behind.sort_by(|(a, x), (b, y)| {
+            (x.standing.cmp(&y.standing))
+                .then(x.pushed_at.cmp(&y.pushed_at))
+                .then(a.cmp(b))
+        });
+        let mut acked: Vec<&str> = (self.nodes.iter())
+            .filter(|(_, e)| e.standing == Standing::Acked)
+            .map(|(id, _)| &**id)
+            .collect();
+        acked.sort_unstable();
+        let mut nacks: Vec<&NackGroup> = self.nacks.iter().collect();
+        nacks.sort_by_key(|g| std::cmp::Reverse(g.nodes));
+        RolloutStatus {
+            short_type: short_type(&self.type_url).to_string(),
+            type_url: self.type_url.to_string(),
+            version: self.version.to_string(),
+            first_push: rfc3339(self.first_push),
+            last_push: rfc3339(self.last_push),
+            since_last_push_seconds: now.saturating_sub(self.last_push) as f64 / 1e9,
+            last_answer: self.last_answer.map(rfc3339),
+            pushed: self.nodes.len() as u64,
+            acked: count(Standing::Acked),
+            nacked: count(Standing::Nacked),
+            superseded: count(Standing::Superseded),
+            unanswered: count(Standing::Unanswered),
+            pending: count(Standing::Pending),
+            latency_ms: Latency {
+                p50: pct(0.5),
+                p90: pct(0.9),
+                max: latencies.last().map_or(0.0, |&ms| ms as f64),
+            },
+            behind: (behind.into_iter().take(listed))
+                .map(|(id, e)| self.standing(book, id, e, now))
+                .collect(),
+            acked_nodes: acked.into_iter().take(listed).map(String::from).collect(),
+            nacks: (nacks.into_iter())
+                .map(|g| NackSummary {
+                    message: g.message.clone(),
+                    nodes: g.nodes,
+                    examples: g.examples.iter().map(|e| e.to_string()).collect(),
+                    suspects: g.suspects.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    fn standing(&self, book: &Book, id: &str, e: &Entry, now: Timestamp) -> NodeStanding {
+        let waiting = (book.waiting.get(id))
+            .filter(|w| e.standing == Standing::Pending && *w.version == *self.version);
+        NodeStanding {
+            node: id.to_string(),
+            state: e.standing.label().into(),
+            running: book.running(id, &self.type_url).map(String::from),
+            pushed_at: rfc3339(e.pushed_at),
+            waiting_seconds: now.saturating_sub(e.pushed_at) as f64 / 1e9,
+            waiting_for: waiting.map(|w| w.clusters.clone()).unwrap_or_default(),
+        }
+    }
+}
+
+impl Sink for Rollouts {
+    fn on_event(&mut self, event: &Event) {
+        self.apply(event);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -22,12 +22,8 @@ pub const EX_UNAVAILABLE: u8 = 69;
 /// A transparent tap between xDS clients (Envoy, proxyless gRPC) and their control plane.
 /// It forwards HTTP/2 unchanged and tells you which proxy accepted or rejected which config push.
 #[derive(Debug, Parser)]
-#[command(
-    name = "xdstap",
-    version,
-    propagate_version = true,
-    max_term_width = 100
-)]
+// `--version` on the top command only: `wait --version V` names a config version.
+#[command(name = "xdstap", version, max_term_width = 100)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -267,4 +263,14 @@ pub fn table(rows: &[Vec<String>]) -> String {
         out.push('\n');
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        super::Cli::command().debug_assert();
+    }
 }

@@ -19,9 +19,11 @@
 //! Delta answers every nonce on its own, so several pushes may be open and none supersedes
 //! another.
 //!
-//! Cluster warming: Envoy holds its answer to a CDS push until every cluster the push adds or
-//! changes that takes its endpoints from EDS has received them (or its `initial_fetch_timeout`
-//! passed). A CDS push names those clusters' EDS resources; each EDS push after it on the stream
+//! Cluster warming: once running, Envoy holds its answer to a CDS push until every cluster the
+//! push adds or changes that takes its endpoints from EDS has received them (or its
+//! `initial_fetch_timeout`, 15 s by default, passed); while it starts it does not hold it. A CDS
+//! push to a client that accepted clusters before (on this stream, or as it says when it
+//! reconnects) names those clusters' EDS resources; each EDS push after it on the stream
 //! strikes off the names it carries; [`Event::Warming`] tells what is left whenever it changes,
 //! and the push's verdict says what was still missing when the answer came. Only within one
 //! stream (ADS): per-type streams carry CDS and EDS apart.
@@ -298,6 +300,8 @@ struct Subscription {
     decided: VecDeque<(String, Decided)>,
     /// What the client last accepted, to diff a NACKed push against.
     accepted: Option<Accepted>,
+    /// The first request stated what the client already has (a reconnect).
+    resumed: bool,
 }
 
 /// The last accepted state of one type.
@@ -458,7 +462,9 @@ impl Correlator {
                 sub.names = req.resource_names.clone();
             }
             if req.response_nonce.is_empty() {
-                out.push(first_request(api, at, req));
+                let first = first_request(api, at, req);
+                sub.resumed = matches!(first, Event::Resubscribe { .. });
+                out.push(first);
                 return;
             }
         }
@@ -561,10 +567,18 @@ impl Correlator {
         }
     }
 
-    /// A CDS push: the EDS names of the clusters it adds or changes, which the client waits for.
+    /// A CDS push: the EDS names of the clusters it adds or changes, which the client waits
+    /// for. Not while the client starts: Envoy holds CDS answers for warming clusters only once
+    /// its first clusters are up, so only a client that accepted clusters before (on this
+    /// stream, or as it says when it reconnects) waits.
     fn start_warming(&mut self, at: &Context, push: &Push, out: &mut Vec<Event>) {
-        let accepted = self.types.get(CLUSTER).and_then(|s| s.accepted.as_ref());
-        let names = warming_names(push, accepted);
+        let Some(sub) = self.types.get(CLUSTER) else {
+            return;
+        };
+        if sub.accepted.is_none() && !sub.resumed {
+            return;
+        }
+        let names = warming_names(push, sub.accepted.as_ref());
         if names.is_empty() {
             return;
         }

@@ -339,12 +339,11 @@ async fn a_client_that_never_answers_turns_stale() {
     // Read the push and never answer it.
     let chunk = body.data().await.unwrap().unwrap();
     let _ = body.flow_control().release_capacity(chunk.len());
-    let r = report(&m.admin).await;
-    assert_eq!(
-        state(&r, "silent", "CDS"),
-        Some(SyncState::Pending),
-        "{r:?}"
-    );
+    // The board learns of the push on the sinks' thread, a moment after it was forwarded.
+    wait_report(&m.admin, "silent CDS PENDING", |r| {
+        state(r, "silent", "CDS") == Some(SyncState::Pending)
+    })
+    .await;
     let r = wait_report(&m.admin, "silent CDS STALE", |r| {
         state(r, "silent", "CDS") == Some(SyncState::Stale)
     })

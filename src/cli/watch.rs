@@ -31,6 +31,7 @@ async fn watch(args: &WatchArgs) -> ExitCode {
         Ok(r) => r.into_inner(),
         Err(e) => return tap.failed(e).exit("watch"),
     };
+    eprintln!("xdstap watch: watching the tap at {}", tap.admin);
     let wide = args.output == Output::Wide;
     let mut shown = 0;
     let mut out = std::io::stdout().lock();

@@ -90,3 +90,21 @@ pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
     let code = head.split_whitespace().nth(1).unwrap().parse().unwrap();
     (code, body.to_string())
 }
+
+/// `xdstap ARGS` run to its end: (exit code, stdout, stderr).
+pub async fn xdstap(args: &[&str]) -> (i32, String, String) {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_xdstap"))
+            .args(&args)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    })
+    .await
+    .unwrap()
+}

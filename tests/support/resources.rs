@@ -80,6 +80,23 @@ pub fn cluster(name: &str, connect_timeout_ms: i64) -> (String, Any) {
     (name.into(), any(&c))
 }
 
+/// An EDS cluster fed over ADS whose endpoints Envoy waits for at most `fetch_timeout_ms`
+/// (`initial_fetch_timeout`) before it takes the cluster without them.
+pub fn warming_cluster(name: &str, fetch_timeout_ms: i64) -> (String, Any) {
+    let mut c = Cluster::decode(&*cluster(name, 1000).1.value).unwrap();
+    if let Some(eds) = c
+        .eds_cluster_config
+        .as_mut()
+        .and_then(|e| e.eds_config.as_mut())
+    {
+        eds.initial_fetch_timeout = Some(Duration {
+            seconds: fetch_timeout_ms / 1000,
+            nanos: ((fetch_timeout_ms % 1000) * 1_000_000) as i32,
+        });
+    }
+    (name.into(), any(&c))
+}
+
 /// A STATIC cluster with its endpoint inline: nothing to warm, so Envoy answers its push at
 /// once. `connect_timeout_ms == 0` makes Envoy reject it.
 pub fn static_cluster(name: &str, connect_timeout_ms: i64, port: u32) -> Any {

@@ -184,7 +184,8 @@ fn unanswered_then_pushed_again_on_a_new_stream() {
 #[test]
 fn a_pending_cds_push_names_the_clusters_it_warms() {
     let view = Rollouts::new(RolloutSettings::default());
-    let mut a = Client::connect(&view, "a", 1, "", 0);
+    // A client that reconnects (it runs v0): it holds its CDS answer while clusters warm.
+    let mut a = Client::connect(&view, "a", 1, "v0", 0);
     let mut cds = resp(CLUSTER, "v1", "1", &[]);
     cds.resources.push_parts("web", None, 1);
     cds.resources.mark_eds(None);

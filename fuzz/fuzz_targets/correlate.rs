@@ -10,9 +10,11 @@ use libfuzzer_sys::fuzz_target;
 use xdstap::correlate::{Correlator, Event, StreamContext};
 use xdstap::xds::{Api, ErrorDetail, Node, Request, ResourceRef, Response};
 
-const TYPES: [&str; 2] = [
+const TYPES: [&str; 4] = [
     "type.googleapis.com/envoy.config.cluster.v3.Cluster",
     "type.googleapis.com/envoy.config.listener.v3.Listener",
+    "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
+    "type.googleapis.com/envoy.config.cluster.v3.Cluster",
 ];
 
 fuzz_target!(|data: &[u8]| {
@@ -30,7 +32,7 @@ fuzz_target!(|data: &[u8]| {
     for op in ops.chunks(3) {
         let [a, b, d] = [op[0], *op.get(1).unwrap_or(&0), *op.get(2).unwrap_or(&0)];
         now += 1 + (d as u64);
-        let type_url = TYPES[(a >> 1) as usize & 1].to_string();
+        let type_url = TYPES[(a >> 4) as usize & 3].to_string();
         let nonce = if b & 7 == 0 {
             String::new()
         } else {
@@ -57,33 +59,50 @@ fuzz_target!(|data: &[u8]| {
                 now,
                 &mut out,
             ),
-            2 => c.on_response(
-                Response {
-                    type_url,
-                    version_info: version,
-                    nonce,
-                    resources: (0..(d & 3))
-                        .map(|i| ResourceRef {
-                            name: format!("r{i}"),
-                            version: None,
-                            digest: (b as u64) ^ i as u64,
-                        })
-                        .collect(),
-                    ..Default::default()
-                },
-                now,
-                &mut out,
-            ),
+            2 => {
+                let mut resources = xdstap::xds::Resources::default();
+                for i in 0..(d & 3) {
+                    resources.push(ResourceRef {
+                        name: format!("r{i}"),
+                        version: None,
+                        digest: (b as u64) ^ i as u64,
+                    });
+                    // Clusters fed by EDS, some under a service name of their own.
+                    if d & (4 << i) != 0 {
+                        resources.mark_eds((a & 64 != 0).then_some("r0"));
+                    }
+                }
+                c.on_response(
+                    Response {
+                        type_url,
+                        version_info: version,
+                        nonce,
+                        resources,
+                        ..Default::default()
+                    },
+                    now,
+                    &mut out,
+                )
+            }
             _ => c.on_stream_end(Some(14), "gone", now, &mut out),
         }
     }
     c.on_stream_end(None, "end", now + 1, &mut out);
-    // Each push has exactly one verdict, and only pushes get verdicts.
+    // Each push has exactly one verdict, and only pushes get verdicts; warming is of CDS pushes
+    // that went out.
     let mut pushed: HashMap<*const xdstap::correlate::Push, u32> = HashMap::new();
+    let mut open_cds: Vec<String> = Vec::new();
     for e in &out {
         match e {
             Event::Push { push, .. } => {
                 pushed.insert(std::sync::Arc::as_ptr(push), 0);
+                if push.type_url == TYPES[0] {
+                    open_cds.push(push.nonce.clone());
+                }
+            }
+            Event::Warming { at, nonce, .. } => {
+                assert_eq!(at.type_url, TYPES[0]);
+                assert!(open_cds.contains(nonce), "warming of a push that went out");
             }
             Event::Verdict { push, .. } => {
                 let n = pushed

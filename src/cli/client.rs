@@ -63,9 +63,12 @@ impl Tap {
         let endpoint: Endpoint =
             (admin.parse()).map_err(|e: String| AskError::Address(admin.into(), e))?;
         let failed = |e: tonic::transport::Error| {
-            // The transport error's source says why (refused, no such file).
-            let why = std::error::Error::source(&e).map_or(e.to_string(), |s| s.to_string());
-            AskError::Connect(admin.into(), why)
+            // The innermost source says why (refused, no such file).
+            let mut why: &dyn std::error::Error = &e;
+            while let Some(inner) = why.source() {
+                why = inner;
+            }
+            AskError::Connect(admin.into(), why.to_string())
         };
         let channel = match &endpoint {
             Endpoint::Tcp(a) => {

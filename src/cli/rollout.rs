@@ -56,7 +56,8 @@ fn ms(v: f64) -> String {
     match v {
         v if v >= 10_000.0 => format!("{:.0}s", v / 1000.0),
         v if v >= 1000.0 => format!("{:.1}s", v / 1000.0),
-        v => format!("{v:.0}ms"),
+        v if v >= 10.0 => format!("{v:.0}ms"),
+        v => format!("{v:.1}ms"),
     }
 }
 

@@ -131,7 +131,7 @@ pub fn summary(r: &RolloutStatus) -> String {
         }
     }
     format!(
-        "{} {}: {} node{} pushed it: {} (push to answer p50 {:.0}ms, max {:.0}ms)",
+        "{} {}: {} node{} pushed it: {} (push to answer p50 {:.1}ms, max {:.1}ms)",
         r.short_type,
         r.version,
         r.pushed,

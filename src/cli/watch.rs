@@ -146,3 +146,30 @@ pub fn json(e: &WatchEvent) -> serde_json::Value {
         "stream": e.stream,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nack_on_one_line() {
+        let e = WatchEvent {
+            time: "2026-12-01T10:00:00.1Z".into(),
+            node: "envoy-3".into(),
+            r#type: "CDS".into(),
+            kind: "nack".into(),
+            version: "v2".into(),
+            latency_ms: 1.6,
+            client_version: "v1".into(),
+            error_message: "name: \"b\"\n  bad: value must be greater than 0s".into(),
+            suspects: vec!["b".into()],
+            ..Default::default()
+        };
+        assert_eq!(
+            line(&e, false),
+            "2026-12-01T10:00:00.1Z  envoy-3  CDS  NACK  v2  2ms  running v1  name: \"b\" bad: \
+             value must be greater than 0s  [suspects: b]"
+        );
+        assert_eq!(json(&e)["suspects"][0], "b");
+    }
+}

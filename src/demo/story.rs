@@ -14,6 +14,8 @@ use super::printer::Printer;
 use crate::cli::Client;
 use crate::config::{AdminAddress, AdminOptions, Options};
 use crate::correlate::{Event, Verdict};
+use crate::observe::board::StatusReport;
+use crate::observe::rollout::{RolloutReport, RolloutSettings, Rollouts};
 use crate::observe::spans::SpanSettings;
 use crate::observe::Recorder;
 use crate::proxy::{Endpoint, Listener};
@@ -234,9 +236,11 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<Outcome> {
     .resolve()?;
     config.spans = Some(spans);
     let recorder = Recorder::new(10_000);
+    let rollouts = Rollouts::new(RolloutSettings::default());
     let listener = Listener::bind(&config.listen).await?;
     let running = Server::new(config)
         .with_sink(Box::new(recorder.clone()))
+        .with_sink(Box::new(rollouts.clone()))
         .start(listener)
         .await?;
     let tap_addr = running.local_addr();
@@ -265,8 +269,10 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<Outcome> {
     let builtin = start_client(&mut stage, &mut outcome, chosen, &tap_addr, &cp_addr)?;
     outcome.ok = play(&mut stage, &mut outcome).await?;
 
-    // The status view, as `xdstap status` would show it, then the spans flushed.
+    // The status and rollout views, as `xdstap status` and `xdstap rollout` would show them,
+    // then the spans flushed.
     let report = status.report(crate::observe::now(), None);
+    let rollouts = rollouts.report(crate::observe::now(), None, &["CDS".into()]);
     drop(stage.envoy.take());
     if let Some(b) = builtin {
         b.abort();
@@ -277,10 +283,14 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<Outcome> {
     if options.json {
         println!(
             "{}",
-            serde_json::to_string(&serde_json::json!({ "summary": &outcome, "status": &report }))?
+            serde_json::to_string(&serde_json::json!({
+                "summary": &outcome,
+                "status": &report,
+                "rollouts": &rollouts,
+            }))?
         );
     } else {
-        summarize(&report, &outcome);
+        summarize(&report, &rollouts, &outcome);
     }
     Ok(outcome)
 }
@@ -452,9 +462,14 @@ fn explain_nack(stage: &Stage, outcome: &mut Outcome, events: &[Event]) -> bool 
 }
 
 /// The closing status table and what happened, in words.
-fn summarize(report: &crate::observe::board::StatusReport, outcome: &Outcome) {
+fn summarize(report: &StatusReport, rollouts: &RolloutReport, outcome: &Outcome) {
     println!("\nStatus now (what `xdstap status` shows for a running tap):");
     print!("{}", crate::cli::status::render(report, true));
+    println!("\nCDS versions (what `xdstap rollout --type CDS` shows, newest first):");
+    let table = crate::cli::rollout::render(rollouts, false);
+    // The table, without the details of each rejection told above.
+    print!("{}", table.split("\n\n").next().unwrap_or(""));
+    println!();
     println!("\nWhat happened:");
     for line in [
         "  v1 was accepted; v2 was rejected as a whole because cluster b is invalid, so the",

@@ -69,8 +69,8 @@ impl Standing {
 #[derive(Clone, Copy, Debug)]
 struct Entry {
     standing: Standing,
-    /// Push to answer, milliseconds, when answered.
-    latency_ms: u32,
+    /// Push to answer, microseconds (at most 71 minutes), when answered.
+    latency_us: u32,
     /// When the node was (last) pushed this version.
     pushed_at: Timestamp,
 }
@@ -90,6 +90,8 @@ struct NackGroup {
 /// One version of one type.
 #[derive(Debug)]
 struct Rollout {
+    /// The order versions were first pushed in (pushes read together share a time).
+    seq: u64,
     type_url: Arc<str>,
     version: Arc<str>,
     first_push: Timestamp,
@@ -119,6 +121,8 @@ struct Book {
     waiting: HashMap<Arc<str>, Waiting>,
     /// Node ids, type URLs and versions, shared by everything that names them.
     strings: HashSet<Arc<str>>,
+    /// Rollouts made so far.
+    made: u64,
 }
 
 /// The shared rollout view.
@@ -309,8 +313,10 @@ impl Book {
                 rollouts.pop_front();
                 self.sweep();
             }
+            self.made += 1;
             let rollouts = self.types.get_mut(&type_url).expect("made above");
             rollouts.push_back(Rollout {
+                seq: self.made,
                 type_url,
                 version,
                 first_push: push.at,
@@ -324,7 +330,7 @@ impl Book {
         r.last_push = r.last_push.max(push.at);
         let e = r.nodes.entry(node).or_insert(Entry {
             standing: Standing::Pending,
-            latency_ms: 0,
+            latency_us: 0,
             pushed_at: push.at,
         });
         // A node that runs the version stays on it; any other, pushed it again, waits again.
@@ -432,9 +438,7 @@ impl Rollouts {
             .flat_map(|(_, rs)| rs.iter())
             .filter(|r| version.is_none_or(|v| v == &*r.version))
             .collect();
-        all.sort_by(|a, b| {
-            (b.first_push.cmp(&a.first_push)).then_with(|| a.type_url.cmp(&b.type_url))
-        });
+        all.sort_by_key(|r| std::cmp::Reverse((r.first_push, r.seq)));
         RolloutReport {
             generated_at: rfc3339(now),
             rollouts: (all.into_iter())
@@ -468,8 +472,8 @@ impl Rollout {
         let Some(e) = self.nodes.get(&node).copied() else {
             return;
         };
-        let latency_ms = (decided.saturating_sub(pushed) / 1_000_000).min(u32::MAX as u64) as u32;
-        let answered = Entry { latency_ms, ..e };
+        let latency_us = (decided.saturating_sub(pushed) / 1_000).min(u32::MAX as u64) as u32;
+        let answered = Entry { latency_us, ..e };
         let new = match verdict {
             Verdict::Ack => Entry {
                 standing: Standing::Acked,
@@ -510,12 +514,13 @@ impl Rollout {
         let count = |s: Standing| self.nodes.values().filter(|e| e.standing == s).count() as u64;
         let mut latencies: Vec<u32> = (self.nodes.values())
             .filter(|e| matches!(e.standing, Standing::Acked | Standing::Nacked))
-            .map(|e| e.latency_ms)
+            .map(|e| e.latency_us)
             .collect();
         latencies.sort_unstable();
+        let ms = |us: u32| us as f64 / 1000.0;
         let pct = |q: f64| {
             let i = ((latencies.len() as f64 * q).ceil() as usize).saturating_sub(1);
-            latencies.get(i).map_or(0.0, |&ms| ms as f64)
+            latencies.get(i).map_or(0.0, |&us| ms(us))
         };
         let mut behind: Vec<(&Arc<str>, &Entry)> = (self.nodes.iter())
             .filter(|(_, e)| e.standing != Standing::Acked)
@@ -549,7 +554,7 @@ impl Rollout {
             latency_ms: Latency {
                 p50: pct(0.5),
                 p90: pct(0.9),
-                max: latencies.last().map_or(0.0, |&ms| ms as f64),
+                max: latencies.last().map_or(0.0, |&us| ms(us)),
             },
             behind: (behind.into_iter().take(listed))
                 .map(|(id, e)| self.standing(book, id, e, now))

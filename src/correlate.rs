@@ -761,43 +761,41 @@ fn answer(
 }
 
 /// The EDS names of the clusters in a CDS `push` that take endpoints from EDS and are new or
-/// changed against what the client accepted. Pushes list their clusters in the same order as a
-/// rule, so the two lists are walked side by side until they part, then looked up by name.
+/// changed against what the client accepted. A resource's digest covers its name, so one at the
+/// same place with the same digest as in the accepted push is the same resource, unchanged:
+/// pushes list their clusters in the same order as a rule, and only the others' names are
+/// decoded and looked up.
 fn warming_names(push: &Push, accepted: Option<&Accepted>) -> Vec<String> {
-    if !push.resources.iter().any(|r| r.eds) {
+    let pushed = &push.resources;
+    if !pushed.has_eds() {
         return vec![];
     }
-    let mut in_order = match accepted {
-        Some(Accepted::Push(p)) => Some(p.resources.iter()),
-        _ => None,
-    };
     let mut by_name: Option<HashMap<String, u64>> = None;
     let mut names = Vec::new();
-    for (i, r) in push.resources.iter().enumerate() {
-        let same_place = (in_order.as_mut())
-            .and_then(|old| old.next())
-            .filter(|o| o.name == r.name);
-        let old_digest = match (same_place, accepted) {
-            (Some(o), _) => Some(o.digest),
-            (None, None) => None,
-            (None, Some(Accepted::Digests(m))) => m.get(&*r.name).copied(),
-            (None, Some(Accepted::Push(p))) => {
-                in_order = None;
-                by_name
-                    .get_or_insert_with(|| {
-                        (p.resources.iter())
-                            .map(|o| (o.name.into_owned(), o.digest))
-                            .collect()
-                    })
-                    .get(&*r.name)
-                    .copied()
-            }
+    for i in 0..pushed.len() {
+        let Some((digest, eds)) = pushed.digest_at(i) else {
+            break;
         };
-        if old_digest == Some(r.digest) || names.len() == MAX_WARMING_NAMES {
+        if !eds || names.len() == MAX_WARMING_NAMES {
             continue;
         }
-        if let Some(name) = push.resources.eds_name(i, &r) {
-            names.push(name.to_string());
+        let old = match accepted {
+            Some(Accepted::Push(p)) if p.resources.digest_at(i).map(|d| d.0) == Some(digest) => {
+                continue
+            }
+            Some(Accepted::Push(p)) => by_name.get_or_insert_with(|| {
+                (p.resources.iter())
+                    .map(|o| (o.name.into_owned(), o.digest))
+                    .collect()
+            }),
+            Some(Accepted::Digests(m)) => m,
+            None => &HashMap::new(),
+        };
+        let Some(r) = pushed.get(i) else { break };
+        if old.get(&*r.name) != Some(&digest) {
+            if let Some(name) = pushed.eds_name(i, &r) {
+                names.push(name.to_string());
+            }
         }
     }
     names

@@ -118,6 +118,8 @@ pub struct Resources {
     last: String,
     /// EDS clusters whose service name is not their name: (index, service name), in order.
     services: Vec<(u32, Box<str>)>,
+    /// How many are clusters fed by EDS.
+    eds: u32,
 }
 
 /// Resources per chunk.
@@ -224,6 +226,9 @@ impl Resources {
         let Some(last) = self.chunks.last_mut().and_then(|c| c.entries.last_mut()) else {
             return;
         };
+        if last.version_end & EDS_CLUSTER == 0 {
+            self.eds += 1;
+        }
         last.version_end |= EDS_CLUSTER;
         if let Some(s) = service.filter(|s| !s.is_empty() && *s != self.last) {
             self.services.push(((self.len - 1) as u32, s.into()));
@@ -242,6 +247,17 @@ impl Resources {
             .ok()
             .map(|k| &*self.services[k].1);
         Some(service.unwrap_or(&r.name))
+    }
+
+    /// Whether any is a cluster fed by EDS.
+    pub fn has_eds(&self) -> bool {
+        self.eds > 0
+    }
+
+    /// Resource `i`'s digest and whether it is a cluster fed by EDS, without its name.
+    pub fn digest_at(&self, i: usize) -> Option<(u64, bool)> {
+        let e = self.chunks.get(i / CHUNK)?.entries.get(i % CHUNK)?;
+        Some((e.digest, e.version_end & EDS_CLUSTER != 0))
     }
 
     /// How many resources.
@@ -345,7 +361,10 @@ impl Chunk {
 /// Equal when the same resources are held, whatever was pushed last.
 impl PartialEq for Resources {
     fn eq(&self, other: &Self) -> bool {
-        self.len == other.len && self.chunks == other.chunks && self.services == other.services
+        self.len == other.len
+            && self.chunks == other.chunks
+            && self.services == other.services
+            && self.eds == other.eds
     }
 }
 

@@ -153,6 +153,8 @@ pub enum Event {
         version: String,
         /// Delta: `initial_resource_versions`.
         versions: Vec<(String, String)>,
+        /// Names asked for (empty = wildcard).
+        names: Vec<String>,
     },
     /// Same nonce answered again with other resource names, or a Delta (un)subscribe.
     SubscriptionChange {
@@ -695,11 +697,13 @@ fn first_request(api: Api, at: Context, req: Request) -> Event {
             at,
             version: req.version_info,
             versions: vec![],
+            names: req.resource_names,
         },
         Api::Delta if !req.initial_resource_versions.is_empty() => Event::Resubscribe {
             at,
             version: String::new(),
             versions: req.initial_resource_versions,
+            names: req.resource_names,
         },
         _ => Event::Subscribe {
             at,

@@ -130,6 +130,7 @@ async fn story(delta: bool) {
                 at,
                 version,
                 versions,
+                ..
             } if at.type_url == CDS => Some((version, versions)),
             _ => None,
         });

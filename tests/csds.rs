@@ -1,7 +1,8 @@
 //! CSDS as the standard tooling reads it: a client built from Envoy's own protos (envoy-types'
 //! tonic client) asks the tap for every node's resources, three real Envoys behind it, SotW and
-//! Delta, one of them with a cluster it rejects, one with an SDS secret. Each resource has the
-//! status the control plane's record says; the secret's private key is in no answer.
+//! Delta, one of them with a cluster it rejects, one with an SDS secret, all asking for endpoints
+//! never sent. Each resource has the status the control plane's record says; the secret's
+//! private key is in no answer.
 
 mod support;
 
@@ -17,7 +18,7 @@ use envoy_types::pb::envoy::service::status::v3::{
 use prost::Message;
 use support::control_plane::ControlPlane;
 use support::envoy::{Envoy, Xds};
-use support::resources::{secret, Snapshot, CDS, EDS, SDS};
+use support::resources::{secret, warming_cluster, Snapshot, CDS, EDS, SDS};
 use support::tap::{TapOptions, XdsTap};
 
 /// (type, name) -> (version, config status, client status, error details).
@@ -77,7 +78,10 @@ async fn a_csds_client_reads_every_nodes_resources() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let cp_addr = listener.local_addr().unwrap().to_string();
     let good = |v: &str| {
-        Snapshot::standard(v, 1000, 1000, 9).with(SDS, secret("gateway-cert", &cert, &key))
+        Snapshot::standard(v, 1000, 1000, 9)
+            .with(SDS, secret("gateway-cert", &cert, &key))
+            // Cluster `w`'s endpoints are never sent.
+            .with(CDS, warming_cluster("w", 1000))
     };
     let cp = ControlPlane::new(good("v1"));
     let _server = cp.serve(listener);
@@ -93,12 +97,16 @@ async fn a_csds_client_reads_every_nodes_resources() {
         client.fetch_client_status(r).await.unwrap().into_inner()
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let w = || ("EDS".to_string(), "w".to_string());
     let synced = |r: &ClientStatusResponse| {
         r.config.len() == 3
             && r.config.iter().all(|c| {
                 let seen = resources(c);
-                seen.keys().filter(|(t, _)| t == "CDS").count() == 2
-                    && seen.values().all(|s| s.2 == ClientResourceStatus::Acked)
+                let id = c.node.as_ref().map_or("", |n| n.id.as_str());
+                let last = if id == "envoy-sds" { "SDS" } else { "LDS" };
+                seen.keys().filter(|(t, _)| t == "CDS").count() == 3
+                    && seen.keys().any(|(t, _)| t == last)
+                    && (seen.iter()).all(|(k, s)| k == &w() || s.2 == ClientResourceStatus::Acked)
             })
     };
     loop {
@@ -159,7 +167,13 @@ async fn a_csds_client_reads_every_nodes_resources() {
     assert_eq!(failure.version_info, "v2", "the version rejected");
     assert!(failure.last_update_attempt.is_some() && g.last_updated.is_some());
     for id in ["envoy-sds", "envoy-delta"] {
-        let seen = resources(node(&r, id));
+        let mut seen = resources(node(&r, id));
+        let w = seen.remove(&w()).expect("w's endpoints are asked for");
+        assert_eq!(
+            (w.0.as_str(), w.1, w.2),
+            ("", ConfigStatus::NotSent, ClientResourceStatus::Requested),
+            "{id}: asked for, never sent"
+        );
         assert!(
             (seen.values())
                 .all(|s| (s.1, s.2) == (ConfigStatus::Synced, ClientResourceStatus::Acked)),

@@ -103,6 +103,7 @@ fn client_config(n: NodeResources) -> csds::ClientConfig {
             last_updated: Some(timestamp(r.last_updated)),
             config_status: match r.config {
                 ConfigStatus::Synced => csds::ConfigStatus::Synced,
+                ConfigStatus::NotSent => csds::ConfigStatus::NotSent,
                 ConfigStatus::Stale => csds::ConfigStatus::Stale,
                 ConfigStatus::Error => csds::ConfigStatus::Error,
             } as i32,

@@ -203,6 +203,8 @@ struct TypeEntry {
     held: Option<Held>,
     /// The last push not accepted: pending, or NACKed.
     unsettled: Option<Unsettled>,
+    /// The names the client asks for, while they are few (for CSDS's NOT_SENT).
+    requested: resources::Requested,
 }
 
 impl TypeEntry {
@@ -216,6 +218,7 @@ impl TypeEntry {
         ) {
             self.subscribed_at.get_or_insert(now);
         }
+        self.requested.apply(event);
         match event {
             Event::Resubscribe { version, .. }
                 if !version.is_empty() && self.version_accepted.is_none() =>
@@ -799,5 +802,60 @@ mod tests {
         let cc = &nodes[0].resources[2];
         assert_eq!(cc.error, Some(("bad cc".into(), "v2".into(), 5 * S)));
         assert!(board.resources(|id| id == "other").is_empty());
+    }
+
+    #[test]
+    fn names_asked_for_and_never_sent_are_not_sent() {
+        use resources::{ClientStatus as C, ConfigStatus as K};
+        let board = StatusBoard::new(StatusSettings::default());
+        let mut c = stream(1);
+        let mut e = Vec::new();
+        let named = |node, version: &str, nonce: &str, names: &[&str]| Request {
+            resource_names: names.iter().map(|n| n.to_string()).collect(),
+            ..req(node, version, nonce, None)
+        };
+        let seen = |board: &StatusBoard| -> Vec<(String, K, C)> {
+            (board.resources(|_| true)[0].resources.iter())
+                .map(|r| (r.name.clone(), r.config, r.client))
+                .collect()
+        };
+        let s = |n: &str, k, c| (n.to_string(), k, c);
+        c.on_request(named(Some("n1"), "", "", &["a", "x"]), S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        assert_eq!(
+            seen(&board),
+            [
+                s("a", K::NotSent, C::Requested),
+                s("x", K::NotSent, C::Requested)
+            ]
+        );
+        c.on_response(resp("v1", "1", &["a"]), 2 * S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        assert_eq!(
+            seen(&board),
+            [
+                s("a", K::Stale, C::Requested),
+                s("x", K::NotSent, C::Requested)
+            ]
+        );
+        c.on_request(named(None, "v1", "1", &["a", "x"]), 3 * S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        assert_eq!(
+            seen(&board),
+            [
+                s("a", K::Synced, C::Acked),
+                s("x", K::NotSent, C::Requested)
+            ]
+        );
+        // The client stops asking for `x`.
+        c.on_request(named(None, "v1", "1", &["a"]), 4 * S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        assert_eq!(seen(&board), [s("a", K::Synced, C::Acked)]);
+        // Too many names to keep: only what was sent is listed.
+        let many: Vec<String> = (0..100).map(|i| format!("n{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        c.on_request(named(None, "v1", "1", &many), 5 * S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        assert_eq!(seen(&board), [s("a", K::Synced, C::Acked)]);
     }
 }

@@ -7,8 +7,53 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::{StatusBoard, TypeEntry};
-use crate::correlate::{Push, Timestamp, Verdict};
+use crate::correlate::{Event, Push, Timestamp, Verdict};
 use crate::xds::Api;
+
+/// Subscriptions of more names than this are not kept: CSDS then lists what was sent only.
+const MAX_REQUESTED: usize = 64;
+
+/// The names a client asks for of one type (none: a wildcard, or too many to keep).
+#[derive(Default)]
+pub(super) struct Requested {
+    names: Vec<String>,
+    /// Past [`MAX_REQUESTED`]: forgotten until a SotW request names few again.
+    overflow: bool,
+}
+
+impl Requested {
+    pub(super) fn apply(&mut self, event: &Event) {
+        let (names, dropped, whole) = match event {
+            // A stream's first request names the whole set.
+            Event::Subscribe { names, .. } | Event::Resubscribe { names, .. } => {
+                (names, &[][..], true)
+            }
+            Event::SubscriptionChange {
+                at,
+                names,
+                unsubscribed,
+            } => (names, &unsubscribed[..], at.stream.api != Some(Api::Delta)),
+            _ => return,
+        };
+        if whole {
+            // As does every SotW request.
+            self.names.clear();
+            self.overflow = false;
+        }
+        self.names.retain(|n| !dropped.contains(n));
+        for n in names.iter().filter(|n| *n != "*") {
+            if self.names.contains(n) {
+                continue;
+            }
+            if self.overflow || self.names.len() == MAX_REQUESTED {
+                self.overflow = true;
+                self.names = Vec::new();
+                return;
+            }
+            self.names.push(n.clone());
+        }
+    }
+}
 
 /// What a node accepted of one type.
 pub(super) enum Held {
@@ -84,6 +129,8 @@ fn fold(held: &mut BTreeMap<String, (Option<String>, u64, Timestamp)>, push: &Pu
 pub enum ConfigStatus {
     /// Sent and accepted.
     Synced,
+    /// Asked for, never sent.
+    NotSent,
     /// Sent, not answered yet.
     Stale,
     /// Sent and rejected (in a NACKed push).
@@ -168,6 +215,28 @@ fn held_resources(held: Option<&Held>) -> BTreeMap<String, Had> {
     }
 }
 
+/// The names asked for that no push held or holds.
+fn not_sent(url: &str, t: &TypeEntry, had: &BTreeMap<String, Had>, out: &mut Vec<ResourceStatus>) {
+    let pushed = |n: &str| {
+        let resources = t.unsettled.as_ref().map(|u| &u.push.resources);
+        resources.is_some_and(|rs| rs.iter().any(|r| r.name == n))
+    };
+    for name in t.requested.names.iter() {
+        if had.contains_key(name) || pushed(name) {
+            continue;
+        }
+        out.push(ResourceStatus {
+            type_url: url.to_string(),
+            name: name.clone(),
+            version: String::new(),
+            config: ConfigStatus::NotSent,
+            client: ClientStatus::Requested,
+            last_updated: t.subscribed_at.unwrap_or(0),
+            error: None,
+        });
+    }
+}
+
 /// Every resource of one type of one node.
 fn type_resources(url: &str, t: &TypeEntry, out: &mut Vec<ResourceStatus>) {
     let had = held_resources(t.held.as_ref());
@@ -180,8 +249,11 @@ fn type_resources(url: &str, t: &TypeEntry, out: &mut Vec<ResourceStatus>) {
         last_updated: h.at,
         error: None,
     };
+    let start = out.len();
+    not_sent(url, t, &had, out);
     let Some(u) = &t.unsettled else {
         out.extend(had.iter().map(|(n, h)| status(n.clone(), h)));
+        out[start..].sort_by(|a, b| a.name.cmp(&b.name));
         return;
     };
     let (config, at) = match &u.nack {
@@ -235,7 +307,6 @@ fn type_resources(url: &str, t: &TypeEntry, out: &mut Vec<ResourceStatus>) {
             changed.insert(name, s);
         }
     }
-    let start = out.len();
     for (name, h) in &had {
         if !changed.contains_key(name) {
             out.push(status(name.clone(), h));

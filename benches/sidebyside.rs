@@ -400,8 +400,14 @@ fn start(name: &'static str, upstream: &str, otlp: &str) -> Proxy {
                 "before" => PathBuf::from(std::env::var("SIDEBYSIDE_BEFORE").unwrap()),
                 _ => PathBuf::from(env!("CARGO_BIN_EXE_xdstap")),
             };
-            // SIDEBYSIDE_PERF=FILE runs the tap under `perf record -g` writing FILE.
+            // SIDEBYSIDE_PERF=FILE runs the tap under `perf record -g` writing FILE;
+            // SIDEBYSIDE_PERF=heaptrack:FILE under heaptrack (its RSS figures are then void).
             let mut c = match std::env::var("SIDEBYSIDE_PERF") {
+                Ok(out) if name == "xdstap" && out.starts_with("heaptrack:") => {
+                    let mut c = Command::new("heaptrack");
+                    c.args(["-o", &out["heaptrack:".len()..]]).arg(&bin);
+                    c
+                }
                 Ok(out) if name == "xdstap" => {
                     let mut c = Command::new("perf");
                     c.args(["record", "-F", "999", "-g", "-o", &out, "--"])

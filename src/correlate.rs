@@ -374,7 +374,8 @@ pub struct Correlator {
     stream: Arc<StreamContext>,
     api: Api,
     node: Option<Arc<Node>>,
-    types: HashMap<String, Subscription>,
+    /// By type URL, in the order first seen: a stream has one type or a few.
+    types: Vec<(String, Subscription)>,
     /// Open CDS pushes that wait for EDS, oldest first.
     warming: VecDeque<Warming>,
     ended: bool,
@@ -400,7 +401,7 @@ impl Correlator {
             stream: Arc::new(stream),
             api,
             node: None,
-            types: HashMap::new(),
+            types: Vec::new(),
             warming: VecDeque::new(),
             ended: false,
         }
@@ -420,8 +421,8 @@ impl Correlator {
     /// bounds, whatever the peers send.
     pub fn held(&self) -> usize {
         self.types
-            .values()
-            .map(|s| s.open.len() + s.decided.len())
+            .iter()
+            .map(|(_, s)| s.open.len() + s.decided.len())
             .sum::<usize>()
             + self.warming.len()
     }
@@ -437,10 +438,25 @@ impl Correlator {
 
     /// The subscription of `type_url`, unless the stream already has [`MAX_TYPES`] others.
     fn subscription(&mut self, type_url: &str) -> Option<&mut Subscription> {
-        if !self.types.contains_key(type_url) && self.types.len() >= MAX_TYPES {
-            return None;
-        }
-        Some(self.types.entry(type_url.to_string()).or_default())
+        let i = match self.types.iter().position(|(t, _)| t == type_url) {
+            Some(i) => i,
+            None if self.types.len() >= MAX_TYPES => return None,
+            None => {
+                if self.types.is_empty() {
+                    // Room for exactly one: most streams never ask for a second type.
+                    self.types.reserve_exact(1);
+                }
+                self.types
+                    .push((type_url.to_string(), Subscription::default()));
+                self.types.len() - 1
+            }
+        };
+        Some(&mut self.types[i].1)
+    }
+
+    /// The subscription of `type_url`, if the stream has one.
+    fn subscribed(&self, type_url: &str) -> Option<&Subscription> {
+        (self.types.iter()).find_map(|(t, s)| (t == type_url).then_some(s))
     }
 
     /// A request from the client. Nothing after the stream's end counts.
@@ -574,7 +590,7 @@ impl Correlator {
     /// its first clusters are up, so only a client that accepted clusters before (on this
     /// stream, or as it says when it reconnects) waits.
     fn start_warming(&mut self, at: &Context, push: &Push, out: &mut Vec<Event>) {
-        let Some(sub) = self.types.get(CLUSTER) else {
+        let Some(sub) = self.subscribed(CLUSTER) else {
             return;
         };
         if sub.accepted.is_none() && !sub.resumed {
@@ -661,11 +677,10 @@ impl Correlator {
         }
         self.ended = true;
         let decided_from = out.len();
-        let mut types: Vec<_> = self.types.keys().cloned().collect();
-        types.sort();
-        for type_url in types {
-            let at = self.context(&type_url, now);
-            let sub = self.types.get_mut(&type_url).expect("key from the map");
+        let mut types = std::mem::take(&mut self.types);
+        types.sort_by(|a, b| a.0.cmp(&b.0));
+        for (type_url, sub) in &mut types {
+            let at = self.context(type_url, now);
             while let Some(push) = sub.open.pop_front() {
                 let v = match (self.api, sub.open.front()) {
                     (Api::Sotw, Some(next)) => Verdict::Superseded {
@@ -679,6 +694,7 @@ impl Correlator {
                 out.push(verdict(&at, push, v, now));
             }
         }
+        self.types = types;
         self.settle_warming(&mut out[decided_from..]);
         self.warming.clear();
         out.push(Event::StreamEnd {

@@ -142,7 +142,8 @@ impl XdsStream {
     /// Hands the correlator's events to the queue, counting the peers' faults on the way
     /// (counted here, on the forwarding side, so a full queue cannot lose them).
     fn flush(&mut self) {
-        for e in self.pending.drain(..) {
+        // Taken, not drained: a stream idle for hours keeps no room for events.
+        for e in std::mem::take(&mut self.pending) {
             let fault = match &e {
                 Event::UnmatchedAnswer { .. } => Some(&self.stats.unmatched_answers),
                 Event::NonceReused { .. } => Some(&self.stats.nonce_reuses),

@@ -238,7 +238,7 @@ pub struct StatusArgs {
     pub output: Output,
 }
 
-/// How `status` prints.
+/// How `status` and `rollout` print.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Output {
     /// A table.
@@ -247,6 +247,20 @@ pub enum Output {
     Wide,
     /// The report as JSON.
     Json,
+}
+
+impl Output {
+    /// Prints `report` as JSON, or as the table `render` makes of it (`true`: wide).
+    pub fn print<T: serde::Serialize>(self, report: &T, render: impl Fn(&T, bool) -> String) {
+        match self {
+            Output::Json => println!(
+                "{}",
+                serde_json::to_string_pretty(report).unwrap_or_default()
+            ),
+            Output::Table => print!("{}", render(report, false)),
+            Output::Wide => print!("{}", render(report, true)),
+        }
+    }
 }
 
 /// Columns padded to their widest cell.

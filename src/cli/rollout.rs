@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use super::client::{block_on, AskError, Tap};
 use super::status::{age, one_line};
-use super::{table, Output, RolloutArgs};
+use super::{table, RolloutArgs};
 use crate::api::tap::RolloutsRequest;
 use crate::observe::rollout::{RolloutReport, RolloutStatus};
 
@@ -19,14 +19,7 @@ pub fn run(args: &RolloutArgs) -> ExitCode {
         Ok(Err(e)) => return e.exit("rollout"),
         Err(code) => return code,
     };
-    match args.output {
-        Output::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&report).unwrap_or_default()
-        ),
-        Output::Table => print!("{}", render(&report, false)),
-        Output::Wide => print!("{}", render(&report, true)),
-    }
+    args.output.print(&report, render);
     if let (Some(v), true) = (version, report.rollouts.is_empty()) {
         eprintln!("xdstap rollout: the tap has not seen version {v:?} pushed");
         return ExitCode::from(1);

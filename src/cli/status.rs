@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 
 use super::client::{block_on, AskError, Tap};
-use super::{table, Output, StatusArgs};
+use super::{table, StatusArgs};
 use crate::api::tap::StatusRequest;
 use crate::observe::board::{worst, NodeStatus, StatusReport, SyncState, TypeStatus};
 
@@ -17,14 +17,7 @@ pub fn run(args: &StatusArgs) -> ExitCode {
         Ok(Err(e)) => return e.exit("status"),
         Err(code) => return code,
     };
-    match args.output {
-        Output::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&report).unwrap_or_default()
-        ),
-        Output::Table => print!("{}", render(&report, false)),
-        Output::Wide => print!("{}", render(&report, true)),
-    }
+    args.output.print(&report, render);
     ExitCode::from(u8::from(has_problems(&report)))
 }
 

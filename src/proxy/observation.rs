@@ -223,7 +223,9 @@ impl Observation {
         let at = self.readers[1].last_boundary();
         match (self.goaway_due(direction, false), at) {
             (Some(goaway), Some(at)) => {
-                out.push_back(chunk.slice(..at));
+                if at > 0 {
+                    out.push_back(chunk.slice(..at));
+                }
                 out.push_back(goaway);
                 if at < chunk.len() {
                     out.push_back(chunk.slice(at..));

@@ -16,7 +16,7 @@
 
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
-use std::io;
+use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::task::{ready, Context, Poll};
@@ -73,6 +73,20 @@ impl Half {
         }
     }
 
+    /// `n` bytes of the waiting chunks went out.
+    fn wrote(&mut self, mut n: usize) {
+        while let Some(front) = self.out.front() {
+            let left = front.len() - self.written;
+            if n < left {
+                self.written += n;
+                return;
+            }
+            n -= left;
+            self.out.pop_front();
+            self.written = 0;
+        }
+    }
+
     fn held(&self) -> usize {
         self.out.iter().map(Bytes::len).sum::<usize>() - self.written
     }
@@ -92,17 +106,19 @@ impl Half {
             Direction::Response => (Side::Upstream, Side::Client),
         };
         loop {
-            while let Some(front) = self.out.front() {
-                let n = ready!(Pin::new(&mut *dst).poll_write(cx, &front[self.written..]))
+            while !self.out.is_empty() {
+                // The chunk read, in one write; in slices only where the tap adds its GOAWAY.
+                let mut slices = [IoSlice::new(&[]); 3];
+                for (i, b) in self.out.iter().take(slices.len()).enumerate() {
+                    slices[i] = IoSlice::new(if i == 0 { &b[self.written..] } else { b });
+                }
+                let k = self.out.len().min(slices.len());
+                let n = ready!(Pin::new(&mut *dst).poll_write_vectored(cx, &slices[..k]))
                     .map_err(|e| (to, e))?;
                 if n == 0 {
                     return Poll::Ready(Err((to, io::ErrorKind::WriteZero.into())));
                 }
-                self.written += n;
-                if self.written == front.len() {
-                    self.out.pop_front();
-                    self.written = 0;
-                }
+                self.wrote(n);
             }
             // TLS holds records until flushed; a plain socket flushes at once.
             ready!(Pin::new(&mut *dst).poll_flush(cx)).map_err(|e| (to, e))?;
@@ -209,4 +225,25 @@ pub(super) async fn relay(
         Poll::Pending
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_takes_off_what_went_out_across_chunks() {
+        let mut h = Half::new(Direction::Response);
+        h.out.extend([
+            Bytes::from_static(b"abc"),
+            Bytes::from_static(b"GOAWAY"),
+            Bytes::from_static(b"de"),
+        ]);
+        h.wrote(2);
+        assert_eq!((h.out.len(), h.written, h.held()), (3, 2, 9));
+        h.wrote(4);
+        assert_eq!((h.out.len(), h.written, h.held()), (2, 3, 5));
+        h.wrote(5);
+        assert_eq!((h.out.len(), h.written, h.held()), (0, 0, 0));
+    }
 }

@@ -71,11 +71,7 @@ fn push(version: &str, nonce: &str, count: usize) -> Bytes {
         m.extend_from_slice(&cluster_any(i));
     }
     m.extend_from_slice(&tail(nonce));
-    let mut framed = Vec::with_capacity(m.len() + 5);
-    framed.push(0);
-    framed.extend_from_slice(&(m.len() as u32).to_be_bytes());
-    framed.extend_from_slice(&m);
-    framed.into()
+    support::raw::grpc(&m)
 }
 
 /// A control plane that answers the first request with a small push and the second with a push
@@ -120,10 +116,7 @@ fn request(version: &str, nonce: &str) -> Bytes {
         ..Default::default()
     }
     .encode_to_vec();
-    let mut out = vec![0];
-    out.extend_from_slice(&(m.len() as u32).to_be_bytes());
-    out.extend_from_slice(&m);
-    out.into()
+    support::raw::grpc(&m)
 }
 
 /// Reads one whole gRPC message off `body` and returns its length, keeping none of it.

@@ -8,33 +8,14 @@ mod support;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use bytes::Bytes;
-use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
-use prost::Message as _;
 use support::control_plane::ControlPlane;
-use support::resources::{Snapshot, CDS};
+use support::raw::subscribe;
+use support::resources::Snapshot;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 
 const ADS: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
-
-fn subscribe(node: &str) -> Bytes {
-    let m = DiscoveryRequest {
-        node: Some(Node {
-            id: node.into(),
-            ..Default::default()
-        }),
-        type_url: CDS.into(),
-        ..Default::default()
-    }
-    .encode_to_vec();
-    let mut out = vec![0];
-    out.extend_from_slice(&(m.len() as u32).to_be_bytes());
-    out.extend_from_slice(&m);
-    out.into()
-}
 
 /// One client: subscribe, read the first push, then reset the connection.
 async fn vanish(tap: &str, node: String) {

@@ -320,28 +320,14 @@ async fn a_reused_nonce_pairs_answers_in_order_and_is_counted() {
 /// A raw gRPC client's ADS stream through the tap: subscribes to CDS as `node` and reads the
 /// push, which it never answers.
 async fn subscribed(tap: &str, node: &str) -> (h2::SendStream<bytes::Bytes>, h2::RecvStream) {
-    use envoy_types::pb::envoy::config::core::v3::Node;
-    use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
-    use prost::Message as _;
     let io = tokio::net::TcpStream::connect(tap).await.unwrap();
     let mut client = support::raw::client(io).await;
     let path = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
     let (resp, mut send) = client
         .send_request(support::raw::request(path), false)
         .unwrap();
-    let m = DiscoveryRequest {
-        node: Some(Node {
-            id: node.into(),
-            ..Default::default()
-        }),
-        type_url: CDS.into(),
-        ..Default::default()
-    }
-    .encode_to_vec();
-    let mut framed = vec![0];
-    framed.extend_from_slice(&(m.len() as u32).to_be_bytes());
-    framed.extend_from_slice(&m);
-    send.send_data(framed.into(), false).unwrap();
+    send.send_data(support::raw::subscribe(node), false)
+        .unwrap();
     let mut body = resp.await.unwrap().into_body();
     let chunk = body.data().await.unwrap().unwrap();
     let _ = body.flow_control().release_capacity(chunk.len());

@@ -299,9 +299,6 @@ async fn two_envoys_one_rejects_its_config() {
 /// A client that subscribes and never answers: PENDING, then STALE past the threshold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_never_answers_turns_stale() {
-    use envoy_types::pb::envoy::config::core::v3::Node;
-    use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
-    use prost::Message as _;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let cp_addr = listener.local_addr().unwrap().to_string();
     let cp = ControlPlane::new(Snapshot::standard("v1", 1000, 1000, 9));
@@ -322,19 +319,8 @@ async fn a_client_that_never_answers_turns_stale() {
     let (resp, mut send) = client
         .send_request(support::raw::request(path), false)
         .unwrap();
-    let m0 = DiscoveryRequest {
-        node: Some(Node {
-            id: "silent".into(),
-            ..Default::default()
-        }),
-        type_url: CDS.into(),
-        ..Default::default()
-    }
-    .encode_to_vec();
-    let mut framed = vec![0];
-    framed.extend_from_slice(&(m0.len() as u32).to_be_bytes());
-    framed.extend_from_slice(&m0);
-    send.send_data(framed.into(), false).unwrap();
+    send.send_data(support::raw::subscribe("silent"), false)
+        .unwrap();
     let mut body = resp.await.unwrap().into_body();
     // Read the push and never answer it.
     let chunk = body.data().await.unwrap().unwrap();

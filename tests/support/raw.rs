@@ -159,3 +159,28 @@ pub async fn exchange(
     let trailers = body.trailers().await?;
     Ok((Response::from_parts(head, ()), data, trailers))
 }
+
+/// `m` as one uncompressed gRPC message: flag, length, bytes.
+pub fn grpc(m: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(m.len() + 5);
+    out.push(0);
+    out.extend_from_slice(&(m.len() as u32).to_be_bytes());
+    out.extend_from_slice(m);
+    out.into()
+}
+
+/// A first SotW CDS request from `node`, framed.
+pub fn subscribe(node: &str) -> Bytes {
+    use envoy_types::pb::envoy::config::core::v3::Node;
+    use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+    use prost::Message;
+    let m = DiscoveryRequest {
+        node: Some(Node {
+            id: node.into(),
+            ..Default::default()
+        }),
+        type_url: super::resources::CDS.into(),
+        ..Default::default()
+    };
+    grpc(&m.encode_to_vec())
+}

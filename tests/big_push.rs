@@ -186,7 +186,7 @@ async fn a_100_mib_push_is_decoded_in_bounded_memory() {
             .unwrap(),
     );
     let pid = tap.0.id();
-    eventually(10, "the tap's socket", || sock.exists().then_some(())).await;
+    support::listening(&sock).await;
 
     let io = UnixStream::connect(&sock).await.unwrap();
     let (client, conn) = h2::client::Builder::new()

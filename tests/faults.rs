@@ -128,7 +128,7 @@ async fn a_thousand_clients_killed_abruptly_leave_nothing_behind() {
             .unwrap(),
     );
     let pid = tap.id();
-    support::eventually(10, "the admin socket", || admin.exists().then_some(())).await;
+    support::listening(&admin).await;
     vanish(&tap_addr, "first".into()).await;
     settle(&admin).await;
     let start = usage(pid, &admin).await;

@@ -365,7 +365,7 @@ async fn a_secret_private_key_appears_in_no_output() {
             .spawn()
             .unwrap(),
     );
-    support::eventually(10, "the tap's socket", || sock.exists().then_some(())).await;
+    support::listening(&sock).await;
     let envoy = Envoy::start_sds("node-1", Xds::Unix(sock.clone()), "gateway-cert").await;
     let span = wait_span(&receiver, "SDS ack span", |s| {
         s.text("xds.type").as_deref() == Some("SDS")

@@ -141,7 +141,7 @@ async fn client_side_certificate_problems_are_logged_with_side_and_reason() {
     let dir = support::TempDir::new("tls-errors-down");
     let pki = certs::make(dir.path());
     let (_tap, sock, stderr) = tls_tap(dir.path(), &pki, &pki.server_cert, &pki.server_key);
-    support::eventually(10, "the tap's socket", || sock.exists().then_some(())).await;
+    support::listening(&sock).await;
 
     // An expired client certificate.
     try_tls(
@@ -192,7 +192,7 @@ async fn a_client_rejecting_the_taps_expired_certificate_is_logged() {
     let dir = support::TempDir::new("tls-errors-own");
     let pki = certs::make(dir.path());
     let (_tap, sock, stderr) = tls_tap(dir.path(), &pki, &pki.expired_cert, &pki.expired_key);
-    support::eventually(10, "the tap's socket", || sock.exists().then_some(())).await;
+    support::listening(&sock).await;
     try_tls(
         &sock,
         ClientTls {

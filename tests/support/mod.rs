@@ -54,6 +54,22 @@ pub async fn eventually<T>(secs: u64, what: &str, mut check: impl FnMut() -> Opt
     }
 }
 
+/// Waits until a process listens on the Unix socket at `path`. The file appears at bind(), a
+/// moment before listen(), and a connect in between is refused; /proc/net/unix tells the two
+/// apart (the accepting flag, 0x10000) without connecting, so no probe shows in the tap's logs.
+pub async fn listening(path: &std::path::Path) {
+    let what = format!("a listener on {}", path.display());
+    eventually(10, &what, || {
+        let table = std::fs::read_to_string("/proc/net/unix").ok()?;
+        table
+            .lines()
+            .map(|line| line.split_whitespace().collect::<Vec<_>>())
+            .any(|f| f.len() == 8 && f[3] == "00010000" && std::path::Path::new(f[7]) == path)
+            .then_some(())
+    })
+    .await
+}
+
 /// A child process killed (and reaped) when dropped, so a failing test leaves nothing running.
 pub struct Child(pub std::process::Child);
 

@@ -27,12 +27,20 @@
 //! strikes off the names it carries; [`Event::Warming`] tells what is left whenever it changes,
 //! and the push's verdict says what was still missing when the answer came. Only within one
 //! stream (ADS): per-type streams carry CDS and EDS apart.
+//!
+//! What a NACK leaves running: a client that adds resources one by one (Envoy's CDS and LDS,
+//! gRPC proxyless clients) applies the valid ones of a push it NACKs. [`scope::read`] tells
+//! from the message which were rejected; the rest of the push then counts as what the client
+//! runs, so the next NACK is blamed against that and not against the last fully accepted push.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use crate::xds::{Api, ErrorDetail, Node, Request, Resources, Response, CLUSTER, ENDPOINTS};
+
+pub mod scope;
+pub use scope::{Rejected, Scope};
 
 /// Nanoseconds since the Unix epoch.
 pub type Timestamp = u64;
@@ -87,6 +95,10 @@ pub struct Push {
     pub bytes: u64,
     /// `control_plane.identifier`, when set.
     pub control_plane: Option<String>,
+    /// How many times in a row the control plane has now pushed content this client NACKed
+    /// (the same resources, by digest, as the last push it rejected): 0 for a push that is
+    /// no resend. go-control-plane-style servers ignore `error_detail` and loop like this.
+    pub resent_rejected: u32,
 }
 
 /// How a push ended.
@@ -95,15 +107,25 @@ pub struct Push {
 pub enum Verdict {
     /// Accepted.
     Ack,
-    /// Rejected: the client stays on `client_version`.
+    /// Rejected, in whole or in part ([`Scope`]).
     Nack {
         /// `error_detail` as the client sent it.
         error: ErrorDetail,
-        /// Resources changed since the last accepted push of this type that the error names,
-        /// or, when it names none, every changed resource.
+        /// The resources rejected when the scope is partial; otherwise the changed resources
+        /// the error names, or, when it names none, every changed resource.
         suspects: Vec<String>,
-        /// Resources added, removed or changed since the last accepted push.
+        /// Resources added, removed or changed since what the client ran before.
         changed: Vec<String>,
+        /// How much of the push the client rejected.
+        #[serde(rename = "nack_scope")]
+        scope: Scope,
+        /// Partial: the resources rejected, each with its own part of the message.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        rejected: Vec<Rejected>,
+        /// Partial: the changed resources that the client applied all the same (added,
+        /// changed or removed).
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        applied: Vec<String>,
     },
     /// No answer came for this push, and a newer push of its type went out before (SotW):
     /// the client answered a later push, or the stream ended, first.
@@ -304,14 +326,27 @@ struct Subscription {
     accepted: Option<Accepted>,
     /// The first request stated what the client already has (a reconnect).
     resumed: bool,
+    /// The content of the last push the client NACKed, and how often it was pushed again.
+    rejected: Option<(u64, u32)>,
 }
 
-/// The last accepted state of one type.
+/// What the client runs of one type.
 enum Accepted {
     /// SotW: the last accepted push is the whole state; kept by reference, not copied.
     Push(Arc<Push>),
-    /// Delta: name -> digest, accumulated over the accepted pushes.
+    /// Delta, or SotW after a partial NACK: name -> digest, folded over what was applied.
     Digests(HashMap<String, u64>),
+}
+
+impl Accepted {
+    fn digests(&self) -> HashMap<String, u64> {
+        match self {
+            Accepted::Push(p) => (p.resources.iter())
+                .map(|r| (r.name.into_owned(), r.digest))
+                .collect(),
+            Accepted::Digests(m) => m.clone(),
+        }
+    }
 }
 
 impl Subscription {
@@ -359,6 +394,33 @@ impl Subscription {
             }
             (Api::Delta, _) => self.accepted = Some(Accepted::Digests(digests(push).collect())),
         }
+    }
+
+    /// Folds the part of a NACKed push that the client applied: every resource but the
+    /// `rejected`, which keep what they were; SotW drops what the push leaves out, Delta what it
+    /// removes.
+    fn accept_part(&mut self, api: Api, push: &Push, rejected: &[Rejected]) {
+        let before = self.accepted.as_ref().map(Accepted::digests);
+        let is_rejected = |n: &str| rejected.iter().any(|r| r.name == n);
+        let mut now = match api {
+            Api::Sotw => HashMap::with_capacity(push.resources.len()),
+            Api::Delta => {
+                let mut m = before.clone().unwrap_or_default();
+                for n in &push.removed {
+                    m.remove(n);
+                }
+                m
+            }
+        };
+        for r in push.resources.iter().filter(|r| !is_rejected(&r.name)) {
+            now.insert(r.name.into_owned(), r.digest);
+        }
+        for r in rejected {
+            if let Some(d) = before.as_ref().and_then(|b| b.get(&r.name)) {
+                now.insert(r.name.clone(), *d);
+            }
+        }
+        self.accepted = Some(Accepted::Digests(now));
     }
 }
 
@@ -531,7 +593,16 @@ impl Correlator {
         let Some(sub) = self.subscription(&resp.type_url) else {
             return;
         };
+        let content = content_digest(&resp.resources, &resp.removed);
+        let resent_rejected = match &mut sub.rejected {
+            Some((c, n)) if *c == content => {
+                *n += 1;
+                *n
+            }
+            _ => 0,
+        };
         let push = Arc::new(Push {
+            resent_rejected,
             type_url: resp.type_url,
             version: resp.version_info,
             nonce: resp.nonce,
@@ -757,14 +828,33 @@ fn answer(
     let v = match &req.error_detail {
         None => {
             sub.accept(api, &push);
+            sub.rejected = None;
             Verdict::Ack
         }
         Some(error) => {
-            let (suspects, changed) = blame(api, &push, sub.accepted.as_ref(), &error.message);
+            let content = content_digest(&push.resources, &push.removed);
+            if sub.rejected.is_none_or(|(c, _)| c != content) {
+                sub.rejected = Some((content, 0));
+            }
+            let (mut suspects, changed) = blame(api, &push, sub.accepted.as_ref(), &error.message);
+            let (scope, rejected) = scope::read(&error.message, &push.resources);
+            let mut applied = Vec::new();
+            if scope == Scope::Partial {
+                let is_rejected = |n: &str| rejected.iter().any(|r| r.name == n);
+                applied = (changed.iter())
+                    .filter(|n| !is_rejected(n))
+                    .cloned()
+                    .collect();
+                suspects = rejected.iter().map(|r| r.name.clone()).collect();
+                sub.accept_part(api, &push, &rejected);
+            }
             Verdict::Nack {
                 error: error.clone(),
                 suspects,
                 changed,
+                scope,
+                rejected,
+                applied,
             }
         }
     };
@@ -819,6 +909,19 @@ fn warming_names(push: &Push, accepted: Option<&Accepted>) -> Vec<String> {
         }
     }
     names
+}
+
+/// One digest for a push's content: its resources' digests in order, then what it removes.
+fn content_digest(resources: &Resources, removed: &[String]) -> u64 {
+    let mix = |h: u64, v: u64| (h ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29);
+    let mut h = mix(0, resources.len() as u64);
+    for i in 0..resources.len() {
+        h = mix(h, resources.digest_at(i).map_or(0, |(d, _)| d));
+    }
+    for name in removed {
+        h = name.bytes().fold(mix(h, 0xff), |h, b| mix(h, u64::from(b)));
+    }
+    h
 }
 
 /// NACK blame: what changed since the last accepted state, and which of those the error names.

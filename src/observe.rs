@@ -46,6 +46,8 @@ pub struct TapStats {
     pub unmatched_answers: AtomicU64,
     /// Pushes whose nonce repeated one still open or recently decided (a control-plane fault).
     pub nonce_reuses: AtomicU64,
+    /// Pushes of content the client had just NACKed, sent again (a control plane's resend loop).
+    pub rejected_resends: AtomicU64,
     /// gRPC messages forwarded client -> control plane (any method).
     pub request_messages: AtomicU64,
     /// gRPC messages forwarded control plane -> client (any method).
@@ -193,6 +195,9 @@ impl Sink for LogSink {
                         error,
                         suspects,
                         changed,
+                        scope,
+                        rejected,
+                        applied,
                     },
                 client_version,
                 overtaken_by,
@@ -208,6 +213,9 @@ impl Sink for LogSink {
                     xds.error_message = %error.message,
                     xds.suspects = %suspects.join(","),
                     xds.changed = %changed.join(","),
+                    xds.nack_scope = scope.as_str(),
+                    xds.rejected = %rejected.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(","),
+                    xds.applied = %applied.join(","),
                     xds.overtaken_by = overtaken_by.as_deref().unwrap_or(""),
                     stream = at.stream.stream_id,
                     "{short} push NACKed",

@@ -147,6 +147,9 @@ impl XdsStream {
             let fault = match &e {
                 Event::UnmatchedAnswer { .. } => Some(&self.stats.unmatched_answers),
                 Event::NonceReused { .. } => Some(&self.stats.nonce_reuses),
+                Event::Push { push, .. } if push.resent_rejected > 0 => {
+                    Some(&self.stats.rejected_resends)
+                }
                 _ => None,
             };
             if let Some(counter) = fault {

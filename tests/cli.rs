@@ -59,11 +59,32 @@ fn check_story(summary: &serde_json::Value, events: &[serde_json::Value]) {
     let nack = events.iter().find(|e| e["verdict"] == "nack").unwrap();
     assert_eq!(nack["client_version"], "v1");
     assert_eq!(nack["suspects"], serde_json::json!(["b"]));
-    // The status the demo ends with: the node SYNCED on v6 for both types.
+    // v7 is NACKed in part: b rejected as it is added, a and c applied.
+    assert_eq!(steps[5].1, ["CDS v7 nack"]);
+    let v7 = events
+        .iter()
+        .find(|e| e["event"] == "verdict" && e["push"]["version"] == "v7")
+        .unwrap();
+    assert_eq!(v7["nack_scope"], "partial", "{v7}");
+    assert_eq!(v7["rejected"][0]["name"], "b", "{v7}");
+    assert!(
+        (v7["rejected"][0]["reason"].as_str().unwrap())
+            .starts_with("malformed IP address: not-an-ip"),
+        "{v7}"
+    );
+    assert_eq!(v7["applied"], serde_json::json!(["a", "c"]), "{v7}");
+    // The status the demo ends with: LDS SYNCED on v6, CDS NACKED in part on v7.
     let node = &summary["status"]["nodes"][0];
-    assert_eq!(node["state"], "SYNCED");
+    assert_eq!(node["state"], "NACKED");
     for t in node["types"].as_array().unwrap() {
         assert_eq!(t["version_accepted"], "v6", "{t}");
+        match t["type"].as_str().unwrap() {
+            "CDS" => {
+                assert_eq!(t["nack"]["scope"], "partial", "{t}");
+                assert_eq!(t["nack"]["rejected"], serde_json::json!(["b"]), "{t}");
+            }
+            _ => assert_eq!(t["state"], "SYNCED", "{t}"),
+        }
     }
     // Spans went to a local file of OTLP JSON lines: one span per verdict.
     let spans = s["spans"].as_str().unwrap();
@@ -95,7 +116,7 @@ fn demo_with_the_builtin_client() {
     assert_eq!(s["client"], "builtin");
     assert_eq!(
         s["nack_message"],
-        "Error adding/updating cluster(s) b: Proto constraint validation failed \
+        "name: \"b\"\nconnect_timeout {\n}\n: Proto constraint validation failed \
          (ClusterValidationError.ConnectTimeout: value must be greater than 0s)"
     );
 }

@@ -86,10 +86,17 @@ async fn story(delta: bool) {
         error,
         suspects,
         changed,
+        scope,
+        ..
     } = &v.verdict
     else {
         panic!("expected nack: {v:?}")
     };
+    assert_eq!(
+        *scope,
+        xdstap::correlate::Scope::Whole,
+        "proto validation rejects the whole push"
+    );
     assert!(
         error
             .message

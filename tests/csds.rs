@@ -6,54 +6,20 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::admin::v3::ClientResourceStatus;
 use envoy_types::pb::envoy::r#type::matcher::v3::{string_matcher, NodeMatcher, StringMatcher};
 use envoy_types::pb::envoy::service::status::v3::client_status_discovery_service_client::ClientStatusDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::status::v3::{
-    ClientConfig, ClientStatusRequest, ClientStatusResponse, ConfigStatus,
+    ClientStatusRequest, ClientStatusResponse, ConfigStatus,
 };
 use prost::Message;
 use support::control_plane::ControlPlane;
+use support::csds::{node, resources};
 use support::envoy::{Envoy, Xds};
 use support::resources::{secret, warming_cluster, Snapshot, CDS, EDS, SDS};
 use support::tap::{TapOptions, XdsTap};
-
-/// (type, name) -> (version, config status, client status, error details).
-type Seen = BTreeMap<(String, String), (String, ConfigStatus, ClientResourceStatus, String)>;
-
-fn resources(c: &ClientConfig) -> Seen {
-    (c.generic_xds_configs.iter())
-        .map(|g| {
-            let key = (
-                xdstap::xds::short_type(&g.type_url).to_string(),
-                g.name.clone(),
-            );
-            let error = g
-                .error_state
-                .as_ref()
-                .map(|e| e.details.clone())
-                .unwrap_or_default();
-            (
-                key,
-                (
-                    g.version_info.clone(),
-                    g.config_status(),
-                    g.client_status(),
-                    error,
-                ),
-            )
-        })
-        .collect()
-}
-
-fn node<'a>(r: &'a ClientStatusResponse, id: &str) -> &'a ClientConfig {
-    (r.config.iter())
-        .find(|c| c.node.as_ref().is_some_and(|n| n.id == id))
-        .unwrap_or_else(|| panic!("no {id} in {r:?}"))
-}
 
 fn exact(id: &str) -> NodeMatcher {
     NodeMatcher {

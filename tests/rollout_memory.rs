@@ -74,6 +74,7 @@ fn fleet(kept: usize) -> (usize, usize, usize) {
             removed: vec![],
             bytes: 0,
             control_plane: None,
+            resent_rejected: 0,
         });
         for (i, at) in contexts.iter().enumerate() {
             let at = Context {
@@ -95,6 +96,9 @@ fn fleet(kept: usize) -> (usize, usize, usize) {
                     },
                     suspects: vec!["b".into()],
                     changed: vec!["b".into()],
+                    scope: xdstap::correlate::Scope::Unknown,
+                    rejected: vec![],
+                    applied: vec![],
                 },
                 _ => Verdict::Ack,
             };

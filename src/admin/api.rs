@@ -144,10 +144,18 @@ fn watch_event(event: &Event, filter: &tap::WatchRequest) -> Option<tap::WatchEv
             w.waiting_for = waiting_for.clone();
             match verdict {
                 Verdict::Nack {
-                    error, suspects, ..
+                    error,
+                    suspects,
+                    scope,
+                    rejected,
+                    applied,
+                    ..
                 } => {
                     w.error_message = error.message.clone();
                     w.suspects = suspects.clone();
+                    w.nack_scope = scope.as_str().to_string();
+                    w.rejected = rejected.iter().map(|r| r.name.clone()).collect();
+                    w.applied = applied.clone();
                 }
                 Verdict::Superseded { by_nonce } => w.superseded_by = by_nonce.clone(),
                 Verdict::Unanswered { message, .. } => w.end_message = message.clone(),

@@ -6,7 +6,7 @@
 use std::process::ExitCode;
 
 use super::client::{block_on, AskError, Tap};
-use super::status::{age, one_line};
+use super::status::{age, landed, one_line};
 use super::{table, RolloutArgs};
 use crate::api::tap::RolloutsRequest;
 use crate::observe::rollout::{RolloutReport, RolloutStatus};
@@ -108,12 +108,17 @@ pub fn details(r: &RolloutStatus, wide: bool) -> String {
         } else {
             String::new()
         };
-        let suspects = match g.suspects.is_empty() {
+        let suspects = match g.suspects.is_empty() || g.scope == "partial" {
             true => String::new(),
             false => format!(" [suspects: {}]", g.suspects.join(", ")),
         };
+        let (how, landed) = match landed(&g.scope, &g.rejected, &g.applied) {
+            Some(l) if g.scope == "partial" => ("partly rejected", format!(" ({l})")),
+            Some(l) => ("rejected", format!(" ({l})")),
+            None => ("rejected", String::new()),
+        };
         out.push_str(&format!(
-            "\n{name} rejected by {} node{} ({}{more}): {}{suspects}\n",
+            "\n{name} {how} by {} node{}{landed} ({}{more}): {}{suspects}\n",
             g.nodes,
             if g.nodes == 1 { "" } else { "s" },
             g.examples.join(", "),

@@ -52,7 +52,11 @@ fn cell(t: Option<&TypeStatus>, wide: bool) -> String {
     let Some(t) = t else {
         return "IGNORED".into();
     };
-    let mut label = t.state.label().to_string();
+    let partial = t.nack.as_ref().is_some_and(|n| n.scope == "partial");
+    let mut label = match t.state {
+        SyncState::Nacked if partial => "PARTIAL".to_string(),
+        s => s.label().to_string(),
+    };
     if t.state != SyncState::Synced && t.state_since.is_some() {
         label = format!("{label} {}", age(t.state_seconds));
     }
@@ -99,6 +103,24 @@ pub fn one_line(message: &str, full: bool) -> String {
     let head: String = chars[..80].iter().collect();
     let tail: String = chars[chars.len() - 200..].iter().collect();
     format!("{head} ... {tail}")
+}
+
+/// What of a NACKed push landed, in words: `b rejected; a, c applied` for a partial NACK, a
+/// warning for an unknown scope, nothing for a whole rejection.
+pub fn landed(scope: &str, rejected: &[String], applied: &[String]) -> Option<String> {
+    match scope {
+        "partial" if applied.is_empty() => Some(format!(
+            "{} rejected; nothing else changed",
+            rejected.join(", ")
+        )),
+        "partial" => Some(format!(
+            "{} rejected; {} applied",
+            rejected.join(", "),
+            applied.join(", ")
+        )),
+        "unknown" => Some("what of it landed is not known".into()),
+        _ => None,
+    }
 }
 
 /// The table, then one line per NACKED or STALE type saying why (whole messages with `wide`).
@@ -153,18 +175,24 @@ fn reasons(report: &StatusReport, wide: bool) -> Vec<String> {
             match t.state {
                 SyncState::Nacked => {
                     let Some(nack) = &t.nack else { continue };
-                    let suspects = if nack.suspects.is_empty() {
+                    let suspects = if nack.suspects.is_empty() || nack.scope == "partial" {
                         String::new()
                     } else {
                         format!(" [suspects: {}]", nack.suspects.join(", "))
                     };
+                    let running = t.version_accepted.as_deref().unwrap_or("nothing");
+                    let what = match landed(&nack.scope, &nack.rejected, &nack.applied) {
+                        Some(l) if nack.scope == "partial" => {
+                            format!("{} partly: {l}", nack.version)
+                        }
+                        Some(l) => format!("rejected {} ({l}), running {running}", nack.version),
+                        None => format!("rejected {}, running {running}", nack.version),
+                    };
                     reasons.push(format!(
-                        "{} {} NACKED since {}: rejected {}, running {}: {}{}",
+                        "{} {} NACKED since {}: {what}: {}{}",
                         n.id,
                         t.short_type,
                         nack.since,
-                        nack.version,
-                        t.version_accepted.as_deref().unwrap_or("nothing"),
                         one_line(&nack.message, wide),
                         suspects
                     ));
@@ -189,6 +217,13 @@ fn reasons(report: &StatusReport, wide: bool) -> Vec<String> {
                     t.version_sent.as_deref().unwrap_or("?"),
                     t.pending_since.as_deref().unwrap_or("?"),
                     t.waiting_for.join(", ")
+                ));
+            }
+            if t.rejected_resends > 0 {
+                reasons.push(format!(
+                    "{} {}: the control plane pushed content the client had rejected again, {} \
+                     time(s) (a resend loop: it ignores the NACK)",
+                    n.id, t.short_type, t.rejected_resends
                 ));
             }
             if t.nonce_reuses > 0 {

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use super::client::{block_on, Tap};
-use super::status::one_line;
+use super::status::{landed, one_line};
 use super::{Output, WatchArgs, EX_UNAVAILABLE};
 use crate::api::tap::{WatchEvent, WatchRequest};
 
@@ -80,9 +80,16 @@ pub fn line(e: &WatchEvent, wide: bool) -> String {
         add(&mut s, format!("{:.0}ms", e.latency_ms));
     }
     if e.kind == "nack" {
-        add(&mut s, format!("running {}", or_nothing(&e.client_version)));
+        match landed(&e.nack_scope, &e.rejected, &e.applied) {
+            Some(l) if e.nack_scope == "partial" => add(&mut s, l),
+            Some(l) => add(
+                &mut s,
+                format!("{l}, running {}", or_nothing(&e.client_version)),
+            ),
+            None => add(&mut s, format!("running {}", or_nothing(&e.client_version))),
+        }
         add(&mut s, one_line(&e.error_message, wide));
-        if !e.suspects.is_empty() {
+        if !e.suspects.is_empty() && e.nack_scope != "partial" {
             add(&mut s, format!("[suspects: {}]", e.suspects.join(", ")));
         }
     }
@@ -137,6 +144,9 @@ pub fn json(e: &WatchEvent) -> serde_json::Value {
         "client_version": e.client_version,
         "error_message": e.error_message,
         "suspects": e.suspects,
+        "nack_scope": e.nack_scope,
+        "rejected": e.rejected,
+        "applied": e.applied,
         "overtaken_by": e.overtaken_by,
         "superseded_by": e.superseded_by,
         "end_message": e.end_message,
@@ -171,5 +181,29 @@ mod tests {
              value must be greater than 0s  [suspects: b]"
         );
         assert_eq!(json(&e)["suspects"][0], "b");
+    }
+
+    #[test]
+    fn a_partial_nack_says_what_landed() {
+        let e = WatchEvent {
+            node: "envoy-1".into(),
+            r#type: "CDS".into(),
+            kind: "nack".into(),
+            version: "2".into(),
+            client_version: "1".into(),
+            error_message: "Error adding/updating cluster(s) b: malformed IP address".into(),
+            suspects: vec!["b".into()],
+            nack_scope: "partial".into(),
+            rejected: vec!["b".into()],
+            applied: vec!["a".into(), "c".into()],
+            ..Default::default()
+        };
+        let l = line(&e, false);
+        assert!(
+            l.contains("NACK  2  0ms  b rejected; a, c applied  Error adding"),
+            "{l}"
+        );
+        assert!(!l.contains("running"), "{l}");
+        assert_eq!(json(&e)["nack_scope"], "partial");
     }
 }

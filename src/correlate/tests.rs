@@ -232,6 +232,9 @@ fn sotw_nack_keeps_the_old_version_and_blames_the_named_resource() {
                     error,
                     suspects,
                     changed,
+                    scope,
+                    rejected,
+                    applied,
                 },
             client_version,
             push,
@@ -243,10 +246,16 @@ fn sotw_nack_keeps_the_old_version_and_blames_the_named_resource() {
             assert_eq!(error.message, msg);
             assert_eq!(suspects, &vec!["b".to_string()]);
             assert_eq!(changed, &vec!["a".to_string(), "b".into(), "c".into()]);
+            assert_eq!(*scope, Scope::Partial);
+            assert_eq!(rejected.len(), 1);
+            assert_eq!(rejected[0].name, "b");
+            assert!(rejected[0].reason.starts_with("Proto constraint"));
+            assert_eq!(applied, &vec!["a".to_string(), "c".into()]);
         }
         other => panic!("{other:?}"),
     }
     // Without a name in the message, every changed resource is a suspect; a removal counts.
+    // The client runs a and c of v2 (and v1's b), so v3 changes a and removes b and c.
     step(&mut c, |c, o| {
         c.on_response(resp(CDS, "v3", "n3", &[("a", 1)]), 5, o)
     });
@@ -255,9 +264,43 @@ fn sotw_nack_keeps_the_old_version_and_blames_the_named_resource() {
     });
     match &e[..] {
         [Event::Verdict {
-            verdict: Verdict::Nack { suspects, .. },
+            verdict: Verdict::Nack {
+                suspects, scope, ..
+            },
             ..
-        }] => assert_eq!(suspects, &vec!["b".to_string()]),
+        }] => {
+            assert_eq!(suspects, &vec!["a".to_string(), "b".into(), "c".into()]);
+            assert_eq!(*scope, Scope::Unknown);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_delta_partial_nack_leaves_the_valid_part_running() {
+    let mut c = correlator(Api::Delta);
+    step(&mut c, |c, o| c.on_request(req(CDS, "", "", &[]), 0, o));
+    step(&mut c, |c, o| {
+        c.on_response(resp(CDS, "v1", "n1", &[("a", 1), ("b", 1)]), 1, o)
+    });
+    step(&mut c, |c, o| c.on_request(req(CDS, "", "n1", &[]), 2, o));
+    step(&mut c, |c, o| {
+        c.on_response(resp(CDS, "v2", "n2", &[("a", 2), ("b", 2)]), 3, o)
+    });
+    let msg = "Error adding/updating cluster(s) b: malformed IP address: not-an-ip";
+    step(&mut c, |c, o| c.on_request(nack(CDS, "", "n2", msg), 4, o));
+    // v3 carries a as v2 had it (what runs: no change) and b as v1 had it (what runs too).
+    step(&mut c, |c, o| {
+        c.on_response(resp(CDS, "v3", "n3", &[("a", 2), ("b", 1), ("x", 1)]), 5, o)
+    });
+    let e = step(&mut c, |c, o| {
+        c.on_request(nack(CDS, "", "n3", "nope about x"), 6, o)
+    });
+    match &e[..] {
+        [Event::Verdict {
+            verdict: Verdict::Nack { changed, .. },
+            ..
+        }] => assert_eq!(changed, &vec!["x".to_string()]),
         other => panic!("{other:?}"),
     }
 }

@@ -26,16 +26,10 @@ fn read_response(msg: &[u8]) -> Received {
             .unwrap_or_default()
     };
     let type_url = get(4);
-    let error = fields
-        .iter()
-        .filter(|f| f.0 == 2)
-        .filter_map(|f| {
-            pb::fields(&f.2)
-                .into_iter()
-                .find(|a| a.0 == 2)
-                .and_then(|v| validate(&type_url, &v.2))
-        })
-        .next();
+    let resources: Vec<Vec<u8>> = (fields.iter().filter(|f| f.0 == 2))
+        .filter_map(|f| pb::fields(&f.2).into_iter().find(|a| a.0 == 2).map(|v| v.2))
+        .collect();
+    let error = validate(&type_url, &resources);
     Received {
         version: get(1),
         nonce: get(5),

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
-use super::messages::{cluster, listener, response, Pipe, CDS, LDS};
+use super::messages::{cluster, cluster_at, listener, response, Pipe, CDS, LDS};
 use crate::xds::wire as pb;
 
 /// The control plane's config: one version for both types.
@@ -20,6 +20,8 @@ pub struct Snapshot {
     pub version: String,
     /// (name, connect timeout in ms)
     pub clusters: Vec<(&'static str, u64)>,
+    /// A cluster whose endpoint address is no IP (Envoy rejects it alone as it adds it).
+    pub bad_address: Option<&'static str>,
     /// Listener names.
     pub listeners: Vec<&'static str>,
 }
@@ -27,7 +29,12 @@ pub struct Snapshot {
 impl Snapshot {
     fn response(&self, type_url: &str, nonce: &str) -> Vec<u8> {
         let resources: Vec<Vec<u8>> = if type_url == CDS {
-            self.clusters.iter().map(|(n, t)| cluster(n, *t)).collect()
+            (self.clusters.iter())
+                .map(|&(n, t)| match self.bad_address {
+                    Some(bad) if bad == n => cluster_at(n, t, "not-an-ip"),
+                    _ => cluster(n, t),
+                })
+                .collect()
         } else {
             self.listeners.iter().map(|n| listener(n)).collect()
         };

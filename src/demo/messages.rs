@@ -35,6 +35,27 @@ pub fn cluster(name: &str, timeout_ms: u64) -> Vec<u8> {
     c
 }
 
+/// A STATIC cluster like [`cluster`] whose one endpoint is `address` port 80 (load_assignment
+/// 33: endpoints 2, lb_endpoints 2, endpoint 1, address 1, socket_address 1: address 2, port 3).
+/// Envoy rejects an address that is no IP as it adds the cluster, and still adds the others.
+pub fn cluster_at(name: &str, timeout_ms: u64, address: &str) -> Vec<u8> {
+    let mut socket = Vec::new();
+    pb::bytes(&mut socket, 2, address.as_bytes());
+    pb::uint(&mut socket, 3, 80);
+    let mut nested = socket;
+    for field in [1, 1, 1, 2] {
+        let mut outer = Vec::new();
+        pb::bytes(&mut outer, field, &nested);
+        nested = outer;
+    }
+    let mut assignment = Vec::new();
+    pb::bytes(&mut assignment, 1, name.as_bytes());
+    pb::bytes(&mut assignment, 2, &nested);
+    let mut c = cluster(name, timeout_ms);
+    pb::bytes(&mut c, 33, &assignment);
+    c
+}
+
 /// A listener Envoy accepts: 127.0.0.1 on an ephemeral port, TCP-proxying to cluster `a`.
 pub fn listener(name: &str) -> Vec<u8> {
     let mut socket = Vec::new();
@@ -148,22 +169,41 @@ impl Pipe {
     }
 }
 
-/// The built-in client's validation: what Envoy says of a cluster whose connect_timeout is 0s.
-pub fn validate(type_url: &str, resource: &[u8]) -> Option<String> {
+/// The built-in client's validation of a push, as Envoy words it: a cluster whose
+/// connect_timeout is 0s fails proto validation and rejects the whole push; a cluster whose
+/// endpoint address is no IP is rejected alone as it is added, the others applied.
+pub fn validate(type_url: &str, resources: &[Vec<u8>]) -> Option<String> {
     if type_url != CDS {
         return None;
     }
-    let fields = pb::fields(resource);
-    let name = fields
-        .iter()
-        .find(|f| f.0 == 1)
-        .map(|f| String::from_utf8_lossy(&f.2).into_owned())?;
-    let timeout = fields.iter().find(|f| f.0 == 4).map(|f| pb::fields(&f.2));
-    let positive = timeout.is_some_and(|d| d.iter().any(|(_, v, _)| *v > 0));
-    (!positive).then(|| {
-        format!(
-            "Error adding/updating cluster(s) {name}: Proto constraint validation failed \
-             (ClusterValidationError.ConnectTimeout: value must be greater than 0s)"
-        )
-    })
+    let mut each = Vec::new();
+    for resource in resources {
+        let fields = pb::fields(resource);
+        let field = |n: u32| fields.iter().find(|f| f.0 == n).map(|f| f.2.clone());
+        let name = String::from_utf8_lossy(&field(1).unwrap_or_default()).into_owned();
+        let timeout = field(4).map(|d| pb::fields(&d));
+        if !timeout.is_some_and(|d| d.iter().any(|(_, v, _)| *v > 0)) {
+            return Some(format!(
+                "name: \"{name}\"\nconnect_timeout {{\n}}\n: Proto constraint validation failed \
+                 (ClusterValidationError.ConnectTimeout: value must be greater than 0s)"
+            ));
+        }
+        let address = field(33).and_then(|la| endpoint_address(&la));
+        if let Some(a) = address.filter(|a| a.parse::<std::net::IpAddr>().is_err()) {
+            each.push(format!(
+                "{name}: malformed IP address: {a}. Consider setting resolver_name or setting \
+                 cluster type to 'STRICT_DNS' or 'LOGICAL_DNS'"
+            ));
+        }
+    }
+    (!each.is_empty()).then(|| format!("Error adding/updating cluster(s) {}", each.join(", ")))
+}
+
+/// The first endpoint's address in a load assignment.
+fn endpoint_address(assignment: &[u8]) -> Option<String> {
+    let mut b = assignment.to_vec();
+    for field in [2, 2, 1, 1, 1, 2] {
+        b = pb::fields(&b).into_iter().find(|f| f.0 == field)?.2;
+    }
+    Some(String::from_utf8_lossy(&b).into_owned())
 }

@@ -2,7 +2,7 @@
 //! object per event with `--json`).
 
 use crate::cli::status::one_line;
-use crate::correlate::{Event, Verdict};
+use crate::correlate::{Event, Scope, Verdict};
 use crate::xds::short_type;
 
 /// Prints events as they come.
@@ -129,14 +129,39 @@ impl Printer {
             ),
             Verdict::Nack {
                 error,
-                suspects,
                 changed,
+                scope: Scope::Partial,
+                rejected,
+                applied,
+                ..
             } => self.paint(
                 "31;1",
                 &format!(
-                    "{t}  {ty:4} NACK {} ({ms:.1} ms{late}): client stays on {}\n             \
+                    "{t}  {ty:4} NACK {} ({ms:.1} ms{late}), in part: {} rejected; {} applied \
+                     all the same\n             error: {}\n             changed: {}",
+                    push.version,
+                    names(rejected.iter().map(|r| r.name.as_str())),
+                    names(applied.iter().map(String::as_str)),
+                    one_line(&error.message, false),
+                    changed.join(",")
+                ),
+            ),
+            Verdict::Nack {
+                error,
+                suspects,
+                changed,
+                scope,
+                ..
+            } => self.paint(
+                "31;1",
+                &format!(
+                    "{t}  {ty:4} NACK {} ({ms:.1} ms{late}): {}, client stays on {}\n             \
                      error: {}\n             suspects: {}   changed since last ACK: {}",
                     push.version,
+                    match scope {
+                        Scope::Whole => "the whole push rejected",
+                        _ => "what of it landed is not known",
+                    },
                     client_version.as_deref().unwrap_or("?"),
                     one_line(&error.message, false),
                     suspects.join(","),
@@ -161,5 +186,14 @@ impl Printer {
                 ),
             ),
         }
+    }
+}
+
+/// Names for people: `a, c`, or `nothing`.
+fn names<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    let all: Vec<&str> = names.collect();
+    match all.is_empty() {
+        true => "nothing".into(),
+        false => all.join(", "),
     }
 }

@@ -13,7 +13,7 @@ use super::messages::CDS;
 use super::printer::Printer;
 use crate::cli::Client;
 use crate::config::{AdminAddress, AdminOptions, Options};
-use crate::correlate::{Event, Verdict};
+use crate::correlate::{Event, Scope, Verdict};
 use crate::observe::board::StatusReport;
 use crate::observe::rollout::{RolloutReport, RolloutSettings, Rollouts};
 use crate::observe::spans::SpanSettings;
@@ -192,6 +192,7 @@ fn snapshot(version: &str, a: u64, b: u64, listeners: &[&'static str]) -> Snapsh
         version: version.into(),
         clusters: vec![("a", a), ("b", b)],
         listeners: listeners.to_vec(),
+        bad_address: None,
     }
 }
 
@@ -418,7 +419,60 @@ async fn play(stage: &mut Stage, outcome: &mut Outcome) -> anyhow::Result<bool> 
     .iter()
     .all(|x| v.iter().any(|y| y == x));
     outcome.steps.push(("restart".into(), v));
-    Ok(ok1 && ok2 && ok3 && ok4 && ok5)
+
+    let ok6 = play_partial(stage, outcome).await?;
+    Ok(ok1 && ok2 && ok3 && ok4 && ok5 && ok6)
+}
+
+/// Step 5: a valid change to `a`, a new cluster `c`, and `b` with an address that is no IP: the
+/// client rejects b alone as it adds it, and runs v7's a and c all the same.
+async fn play_partial(stage: &mut Stage, outcome: &mut Outcome) -> anyhow::Result<bool> {
+    stage.printer.say(
+        "\n5. v7 changes cluster a (timeout 4s -> 5s), adds cluster c and gives b an endpoint address that is no IP",
+    );
+    let v7 = Snapshot {
+        version: "v7".into(),
+        clusters: vec![("a", 5000), ("b", 1000), ("c", 1000)],
+        listeners: vec!["http", "https"],
+        bad_address: Some("b"),
+    };
+    let (mark, v) = stage
+        .step(v7, Command::Push(CDS), "the answer to v7", |v| {
+            !v.is_empty()
+        })
+        .await?;
+    let ok = explain_partial(stage, &stage.recorder.events()[mark..]);
+    outcome.steps.push(("partial".into(), v));
+    Ok(ok)
+}
+
+/// Step 5's verdict explained; whether it is the partial NACK the story expects.
+fn explain_partial(stage: &Stage, events: &[Event]) -> bool {
+    let nack = events.iter().find_map(|e| match e {
+        Event::Verdict {
+            verdict:
+                Verdict::Nack {
+                    scope,
+                    rejected,
+                    applied,
+                    ..
+                },
+            ..
+        } => Some((scope, rejected, applied)),
+        _ => None,
+    });
+    let Some((scope, rejected, applied)) = nack else {
+        return false;
+    };
+    let rejected: Vec<&str> = rejected.iter().map(|r| r.name.as_str()).collect();
+    stage.printer.say(&format!(
+        "           -> a NACK, yet not \"nothing landed\": the client rejected {} alone and runs \
+         v7's {} (scope: {}).",
+        rejected.join(","),
+        applied.join(", "),
+        scope.as_str()
+    ));
+    *scope == Scope::Partial && rejected == ["b"] && applied == &["a", "c"]
 }
 
 /// Step 2's verdict explained; whether it is the NACK the story expects.
@@ -430,6 +484,7 @@ fn explain_nack(stage: &Stage, outcome: &mut Outcome, events: &[Event]) -> bool 
                     error,
                     suspects,
                     changed,
+                    ..
                 },
             client_version,
             ..
@@ -477,6 +532,8 @@ fn summarize(report: &StatusReport, rollouts: &RolloutReport, outcome: &Outcome)
         "  went out back to back: the client rejected v4 in an answer that came after v5 had gone",
         "  out, then accepted v5; each answer decided its own push. When the control plane",
         "  restarted, the client reconnected stating the versions it runs (CDS v5, LDS v1) and got v6.",
+        "  v7 was NACKed in part: the client rejected cluster b as it added it and runs v7's a and c,",
+        "  so its CDS shows PARTIAL: v7 landed but for b, which still runs as v6 had it.",
     ] {
         println!("{line}");
     }

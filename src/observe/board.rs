@@ -85,6 +85,16 @@ pub struct NackInfo {
     pub version: String,
     /// When the type became NACKED (the first of consecutive NACKs).
     pub since: String,
+    /// How much of the push the client rejected: `whole`, `partial` (the rest of the push
+    /// runs) or `unknown`.
+    #[serde(default)]
+    pub scope: String,
+    /// Partial: the resources rejected (capped).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rejected: Vec<String>,
+    /// Partial: the changed resources that landed all the same (capped).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub applied: Vec<String>,
 }
 
 /// One type of one node, as `/status` shows it.
@@ -122,6 +132,9 @@ pub struct TypeStatus {
     /// Pushes whose nonce the control plane had already used on that stream (its fault).
     #[serde(default)]
     pub nonce_reuses: u64,
+    /// Pushes of content the client had just NACKed, sent again (the control plane loops).
+    #[serde(default)]
+    pub rejected_resends: u64,
     /// The current NACK, when NACKED.
     pub nack: Option<NackInfo>,
     /// Whether the client asked for this type (pushes can come unasked).
@@ -190,6 +203,7 @@ struct TypeEntry {
     superseded: u64,
     unanswered: u64,
     nonce_reuses: u64,
+    rejected_resends: u64,
     nack: Option<(NackInfo, Timestamp)>,
     /// When the client first asked for the type (none: it never did, pushes came unasked).
     subscribed_at: Option<Timestamp>,
@@ -205,6 +219,8 @@ struct TypeEntry {
     unsettled: Option<Unsettled>,
     /// The names the client asks for, while they are few (for CSDS's NOT_SENT).
     requested: resources::Requested,
+    /// SotW or Delta, as the type's last stream speaks.
+    api: Option<Api>,
 }
 
 impl TypeEntry {
@@ -219,6 +235,9 @@ impl TypeEntry {
             self.subscribed_at.get_or_insert(now);
         }
         self.requested.apply(event);
+        if at.stream.api.is_some() {
+            self.api = at.stream.api;
+        }
         match event {
             Event::Resubscribe { version, .. }
                 if !version.is_empty() && self.version_accepted.is_none() =>
@@ -228,6 +247,9 @@ impl TypeEntry {
             Event::Push { push, .. } => {
                 self.unsettled = Some(Unsettled::new(push.clone()));
                 self.pushes += 1;
+                if push.resent_rejected > 0 {
+                    self.rejected_resends += 1;
+                }
                 self.version_sent = Some(push.version.clone());
                 self.nonce = Some(push.nonce.clone());
                 self.last_push_at = Some(push.at);
@@ -288,7 +310,12 @@ impl TypeEntry {
                 self.nack = None;
             }
             Verdict::Nack {
-                error, suspects, ..
+                error,
+                suspects,
+                scope,
+                rejected,
+                applied,
+                ..
             } => {
                 self.nacks += 1;
                 self.latency_ns = Some(decided_at.saturating_sub(push.at));
@@ -302,6 +329,11 @@ impl TypeEntry {
                     suspects: suspects.iter().take(NAMES_CAP).cloned().collect(),
                     version: push.version.clone(),
                     since: rfc3339(since),
+                    scope: scope.as_str().to_string(),
+                    rejected: (rejected.iter().take(NAMES_CAP))
+                        .map(|r| r.name.clone())
+                        .collect(),
+                    applied: applied.iter().take(NAMES_CAP).cloned().collect(),
                 };
                 self.nack = Some((info, since));
             }
@@ -553,6 +585,7 @@ fn type_status(url: &str, t: &TypeEntry, now: Timestamp, stale: u64) -> TypeStat
         superseded: t.superseded,
         unanswered: t.unanswered,
         nonce_reuses: t.nonce_reuses,
+        rejected_resends: t.rejected_resends,
         nack: t.nack.as_ref().map(|(n, _)| n.clone()),
         subscribed: t.subscribed_at.is_some(),
         state_since: since.map(rfc3339),

@@ -235,6 +235,11 @@ impl Sources {
                 &t.nonce_reuses,
             ),
             (
+                "xdstap_rejected_resends",
+                "Pushes of content the client had just NACKed, sent again (a resend loop).",
+                &t.rejected_resends,
+            ),
+            (
                 "xdstap_dropped_events",
                 "Correlation events dropped because the sinks fell behind.",
                 &t.dropped_events,

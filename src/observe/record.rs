@@ -55,9 +55,18 @@ pub struct VerdictRecord {
     /// NACK: the resources to look at first.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub suspects: Vec<String>,
-    /// NACK: every resource changed since the last accepted push (capped).
+    /// NACK: every resource changed since what the client ran before (capped).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub changed: Vec<String>,
+    /// NACK: `whole`, `partial` (the rest of the push runs) or `unknown`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nack_scope: Option<&'static str>,
+    /// Partial NACK: the resources rejected (capped).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rejected: Vec<String>,
+    /// Partial NACK: the changed resources that landed all the same (capped).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub applied: Vec<String>,
     /// Superseded: the nonce of the push that overtook it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub superseded_by: Option<String>,
@@ -128,6 +137,9 @@ impl VerdictRecord {
             error_message: None,
             suspects: Vec::new(),
             changed: Vec::new(),
+            nack_scope: None,
+            rejected: Vec::new(),
+            applied: Vec::new(),
             superseded_by: None,
             overtaken_by: overtaken_by.clone(),
             waiting_for: waiting_for.iter().take(NAMES_CAP).cloned().collect(),
@@ -145,11 +157,20 @@ impl VerdictRecord {
                 error,
                 suspects,
                 changed,
+                scope,
+                rejected,
+                applied,
             } => {
+                let names = |v: &[String]| v.iter().take(NAMES_CAP).cloned().collect();
                 r.error_code = Some(error.code);
                 r.error_message = Some(error.message.clone());
-                r.suspects = suspects.iter().take(NAMES_CAP).cloned().collect();
-                r.changed = changed.iter().take(NAMES_CAP).cloned().collect();
+                r.suspects = names(suspects);
+                r.changed = names(changed);
+                r.nack_scope = Some(scope.as_str());
+                r.rejected = (rejected.iter().take(NAMES_CAP))
+                    .map(|x| x.name.clone())
+                    .collect();
+                r.applied = names(applied);
             }
             Verdict::Superseded { by_nonce } => r.superseded_by = Some(by_nonce.clone()),
             Verdict::Unanswered {

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::record::rfc3339;
 use super::Sink;
-use crate::correlate::{Event, Timestamp, Verdict};
+use crate::correlate::{Event, Scope, Timestamp, Verdict};
 use crate::xds::short_type;
 
 /// NACK messages told apart per rollout; past it the rest share one group.
@@ -47,6 +47,8 @@ impl Default for RolloutSettings {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Standing {
     Nacked,
+    /// NACKed in part: it runs the rest of the version.
+    Partial,
     Unanswered,
     Pending,
     Superseded,
@@ -59,6 +61,7 @@ impl Standing {
             Standing::Pending => "pending",
             Standing::Acked => "acked",
             Standing::Nacked => "nacked",
+            Standing::Partial => "partial",
             Standing::Superseded => "superseded",
             Standing::Unanswered => "unanswered",
         }
@@ -83,6 +86,9 @@ struct NackGroup {
     /// The message with what varies between runs taken out, to group by.
     key: String,
     suspects: Vec<String>,
+    scope: Scope,
+    rejected: Vec<String>,
+    applied: Vec<String>,
     nodes: u64,
     examples: Vec<Arc<str>>,
 }
@@ -163,8 +169,11 @@ pub struct RolloutStatus {
     pub pushed: u64,
     /// ... that accepted it.
     pub acked: u64,
-    /// ... that rejected it.
+    /// ... that rejected it, in whole or in part.
     pub nacked: u64,
+    /// ... of those, that rejected part of it and run the rest.
+    #[serde(default)]
+    pub partial: u64,
     /// ... whose push a newer one replaced before they answered.
     pub superseded: u64,
     /// ... whose stream ended first (and that were not pushed it again since).
@@ -222,6 +231,15 @@ pub struct NackSummary {
     pub examples: Vec<String>,
     /// The resources to look at.
     pub suspects: Vec<String>,
+    /// `whole`, `partial` (these nodes run the rest of the version) or `unknown`.
+    #[serde(default)]
+    pub scope: String,
+    /// Partial: the resources rejected.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rejected: Vec<String>,
+    /// Partial: the changed resources that landed all the same.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub applied: Vec<String>,
 }
 
 /// A message with its run-to-run noise taken out, to group NACKs by: Envoy's messages can embed
@@ -450,7 +468,19 @@ impl Rollouts {
 
 impl Rollout {
     /// The NACK group of `message`, made when new.
-    fn group(&mut self, message: &str, suspects: &[String]) -> usize {
+    fn group(&mut self, verdict: &Verdict) -> usize {
+        let Verdict::Nack {
+            error,
+            suspects,
+            scope,
+            rejected,
+            applied,
+            ..
+        } = verdict
+        else {
+            return 0;
+        };
+        let message = &error.message;
         let key = group_key(message);
         if let Some(i) = self.nacks.iter().position(|g| g.key == key) {
             return i;
@@ -462,6 +492,9 @@ impl Rollout {
             message: message.to_string(),
             key,
             suspects: suspects.to_vec(),
+            scope: *scope,
+            rejected: rejected.iter().map(|r| r.name.clone()).collect(),
+            applied: applied.clone(),
             nodes: 0,
             examples: Vec::new(),
         });
@@ -479,17 +512,19 @@ impl Rollout {
                 standing: Standing::Acked,
                 ..answered
             },
-            Verdict::Nack {
-                error, suspects, ..
-            } => {
-                let i = self.group(&error.message, suspects);
+            Verdict::Nack { scope, .. } => {
+                let i = self.group(verdict);
                 let g = &mut self.nacks[i];
                 g.nodes += 1;
                 if g.examples.len() < EXAMPLES && !g.examples.contains(&node) {
                     g.examples.push(node.clone());
                 }
+                let standing = match scope {
+                    Scope::Partial => Standing::Partial,
+                    _ => Standing::Nacked,
+                };
                 Entry {
-                    standing: Standing::Nacked,
+                    standing,
                     ..answered
                 }
             }
@@ -513,7 +548,12 @@ impl Rollout {
     fn status(&self, book: &Book, now: Timestamp, listed: usize) -> RolloutStatus {
         let count = |s: Standing| self.nodes.values().filter(|e| e.standing == s).count() as u64;
         let mut latencies: Vec<u32> = (self.nodes.values())
-            .filter(|e| matches!(e.standing, Standing::Acked | Standing::Nacked))
+            .filter(|e| {
+                matches!(
+                    e.standing,
+                    Standing::Acked | Standing::Nacked | Standing::Partial
+                )
+            })
             .map(|e| e.latency_us)
             .collect();
         latencies.sort_unstable();
@@ -547,7 +587,8 @@ impl Rollout {
             last_answer: self.last_answer.map(rfc3339),
             pushed: self.nodes.len() as u64,
             acked: count(Standing::Acked),
-            nacked: count(Standing::Nacked),
+            nacked: count(Standing::Nacked) + count(Standing::Partial),
+            partial: count(Standing::Partial),
             superseded: count(Standing::Superseded),
             unanswered: count(Standing::Unanswered),
             pending: count(Standing::Pending),
@@ -566,6 +607,9 @@ impl Rollout {
                     nodes: g.nodes,
                     examples: g.examples.iter().map(|e| e.to_string()).collect(),
                     suspects: g.suspects.clone(),
+                    scope: g.scope.as_str().to_string(),
+                    rejected: g.rejected.clone(),
+                    applied: g.applied.clone(),
                 })
                 .collect(),
         }

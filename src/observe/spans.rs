@@ -486,6 +486,16 @@ impl SpanSink {
     }
 }
 
+/// What of a NACKed push was rejected and what landed all the same.
+fn scope(r: &VerdictRecord) -> [(&'static str, Option<Value>); 3] {
+    let partial = r.nack_scope == Some("partial");
+    [
+        ("xds.nack_scope", r.nack_scope.map(Value::from)),
+        ("xds.rejected", partial.then(|| strings(&r.rejected))),
+        ("xds.applied", partial.then(|| strings(&r.applied))),
+    ]
+}
+
 /// A verdict's span attributes, the attributes of its answer event, and its status (OK for an
 /// ACK, ERROR with the client's message for a NACK).
 fn describe(r: &VerdictRecord) -> (Vec<KeyValue>, Vec<KeyValue>, Status) {
@@ -569,7 +579,7 @@ fn describe(r: &VerdictRecord) -> (Vec<KeyValue>, Vec<KeyValue>, Status) {
             attributes.push(KeyValue::new(key, v));
         }
     }
-    for (key, value) in both {
+    for (key, value) in both.into_iter().chain(scope(r)) {
         if let Some(v) = value {
             attributes.push(KeyValue::new(key, v.clone()));
             answer.push(KeyValue::new(key, v));

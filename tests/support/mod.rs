@@ -4,6 +4,7 @@
 
 pub mod certs;
 pub mod control_plane;
+pub mod csds;
 pub mod echo;
 pub mod envoy;
 pub mod otlp;

@@ -100,6 +100,22 @@ pub fn warming_cluster(name: &str, fetch_timeout_ms: i64) -> (String, Any) {
 /// A STATIC cluster with its endpoint inline: nothing to warm, so Envoy answers its push at
 /// once. `connect_timeout_ms == 0` makes Envoy reject it.
 pub fn static_cluster(name: &str, connect_timeout_ms: i64, port: u32) -> Any {
+    static_cluster_at(name, connect_timeout_ms, "127.0.0.1", port)
+}
+
+/// A STATIC cluster whose one endpoint is `address:port`: an address that is no IP
+/// (`not-an-ip`) passes proto validation and makes Envoy reject the cluster as it adds it.
+pub fn static_cluster_at(name: &str, connect_timeout_ms: i64, address: &str, port: u32) -> Any {
+    let mut assignment = load_assignment(name, port);
+    if let Some(lb_endpoint::HostIdentifier::Endpoint(e)) =
+        &mut assignment.endpoints[0].lb_endpoints[0].host_identifier
+    {
+        if let Some(address::Address::SocketAddress(s)) =
+            e.address.as_mut().and_then(|a| a.address.as_mut())
+        {
+            s.address = address.into();
+        }
+    }
     let c = Cluster {
         name: name.into(),
         connect_timeout: Some(Duration {
@@ -109,7 +125,7 @@ pub fn static_cluster(name: &str, connect_timeout_ms: i64, port: u32) -> Any {
         cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(
             cluster::DiscoveryType::Static as i32,
         )),
-        load_assignment: Some(load_assignment(name, port)),
+        load_assignment: Some(assignment),
         ..Default::default()
     };
     any(&c)

@@ -1,13 +1,14 @@
-//! Per resource, what each node has: the view CSDS serves. For a type, the resources the node
-//! last accepted (SotW: that push, shared with the correlator, not copied; Delta: names,
-//! versions and digests folded over its accepted pushes), and the last push it has not
-//! accepted, pending or NACKed. Names, versions and digests only: never contents.
+//! Per resource, what each node runs: the view CSDS serves. For a type, the resources the node
+//! runs (SotW after an ACK: that push, shared with the correlator, not copied; otherwise names,
+//! versions and digests folded over what it applied, the valid part of a partly NACKed push
+//! included), and the last push it has not accepted, pending or NACKed. Names, versions and
+//! digests only: never contents.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::{StatusBoard, TypeEntry};
-use crate::correlate::{Event, Push, Timestamp, Verdict};
+use crate::correlate::{Event, Push, Rejected, Scope, Timestamp, Verdict};
 use crate::xds::Api;
 
 /// Subscriptions of more names than this are not kept: CSDS then lists what was sent only.
@@ -55,19 +56,28 @@ impl Requested {
     }
 }
 
-/// What a node accepted of one type.
+/// What a node runs of one type.
 pub(super) enum Held {
-    /// SotW: the accepted push is the whole state.
-    Sotw(Arc<Push>, Timestamp),
-    /// Delta: name -> (version, digest, when accepted).
-    Delta(BTreeMap<String, (Option<String>, u64, Timestamp)>),
+    /// SotW, after an ACK: the accepted push is the whole state.
+    Push(Arc<Push>, Timestamp),
+    /// Per resource: name -> (version, digest, when applied). Delta, or SotW after a partial
+    /// NACK.
+    Each(BTreeMap<String, (Option<String>, u64, Timestamp)>),
+}
+
+/// The NACK of an unsettled push.
+struct Nacked {
+    message: String,
+    suspects: Vec<String>,
+    scope: Scope,
+    rejected: Vec<Rejected>,
+    at: Timestamp,
 }
 
 /// The last push of a type the node has not accepted.
 pub(super) struct Unsettled {
     push: Arc<Push>,
-    /// The NACK of it: (message, suspects, when).
-    nack: Option<(String, Vec<String>, Timestamp)>,
+    nack: Option<Nacked>,
 }
 
 impl Unsettled {
@@ -91,35 +101,95 @@ pub(super) fn on_verdict(
     match verdict {
         Verdict::Ack => {
             match (api, &mut t.held) {
-                (Some(Api::Delta), Some(Held::Delta(ref mut held))) => fold(held, push, decided_at),
+                (Some(Api::Delta), Some(Held::Each(ref mut held))) => {
+                    fold(held, push, &[], decided_at)
+                }
                 (Some(Api::Delta), _) => {
                     let mut held = BTreeMap::new();
-                    fold(&mut held, push, decided_at);
-                    t.held = Some(Held::Delta(held));
+                    fold(&mut held, push, &[], decided_at);
+                    t.held = Some(Held::Each(held));
                 }
-                _ => t.held = Some(Held::Sotw(push.clone(), decided_at)),
+                _ => t.held = Some(Held::Push(push.clone(), decided_at)),
             }
             if ours {
                 t.unsettled = None;
             }
         }
         Verdict::Nack {
-            error, suspects, ..
-        } if ours => {
-            if let Some(u) = &mut t.unsettled {
-                u.nack = Some((error.message.clone(), suspects.clone(), decided_at));
+            error,
+            suspects,
+            scope,
+            rejected,
+            ..
+        } => {
+            if *scope == Scope::Partial {
+                apply_part(t, api, push, rejected, decided_at);
+            }
+            if let Some(u) = t.unsettled.as_mut().filter(|_| ours) {
+                u.nack = Some(Nacked {
+                    message: error.message.clone(),
+                    suspects: suspects.clone(),
+                    scope: *scope,
+                    rejected: rejected.clone(),
+                    at: decided_at,
+                });
             }
         }
         _ => {}
     }
 }
 
-fn fold(held: &mut BTreeMap<String, (Option<String>, u64, Timestamp)>, push: &Push, at: Timestamp) {
+/// The valid part of a partly NACKed push now runs: every resource but the `rejected`, at the
+/// push's version; SotW drops what the push leaves out, Delta what it removes.
+fn apply_part(
+    t: &mut TypeEntry,
+    api: Option<Api>,
+    push: &Push,
+    rejected: &[Rejected],
+    at: Timestamp,
+) {
+    let mut held = match t.held.take() {
+        Some(Held::Each(m)) => m,
+        Some(Held::Push(p, at)) => (p.resources.iter())
+            .map(|r| {
+                let version = Some(r.version.unwrap_or(&p.version).to_string());
+                (r.name.into_owned(), (version, r.digest, at))
+            })
+            .collect(),
+        None => BTreeMap::new(),
+    };
+    if api != Some(Api::Delta) {
+        let now: std::collections::HashSet<_> = push.resources.iter().map(|r| r.name).collect();
+        held.retain(|n, _| now.contains(n.as_str()) || rejected.iter().any(|r| r.name == *n));
+    }
+    let sotw_version = (api != Some(Api::Delta)).then_some(push.version.as_str());
+    fold_with(&mut held, push, rejected, sotw_version, at);
+    t.held = Some(Held::Each(held));
+}
+
+type Each = BTreeMap<String, (Option<String>, u64, Timestamp)>;
+
+fn fold(held: &mut Each, push: &Push, rejected: &[Rejected], at: Timestamp) {
+    fold_with(held, push, rejected, None, at)
+}
+
+/// Folds `push` into `held` but for the `rejected`; a resource without a version of its own
+/// takes `push_version` when given.
+fn fold_with(
+    held: &mut Each,
+    push: &Push,
+    rejected: &[Rejected],
+    push_version: Option<&str>,
+    at: Timestamp,
+) {
     for name in &push.removed {
         held.remove(name);
     }
     for r in push.resources.iter() {
-        let version = r.version.map(String::from);
+        if rejected.iter().any(|x| x.name == r.name) {
+            continue;
+        }
+        let version = r.version.or(push_version).map(String::from);
         held.insert(r.name.into_owned(), (version, r.digest, at));
     }
 }
@@ -190,7 +260,7 @@ struct Had {
 fn held_resources(held: Option<&Held>) -> BTreeMap<String, Had> {
     match held {
         None => BTreeMap::new(),
-        Some(Held::Sotw(p, at)) => (p.resources.iter())
+        Some(Held::Push(p, at)) => (p.resources.iter())
             .map(|r| {
                 let version = r.version.unwrap_or(&p.version).to_string();
                 let had = Had {
@@ -201,7 +271,7 @@ fn held_resources(held: Option<&Held>) -> BTreeMap<String, Had> {
                 (r.name.into_owned(), had)
             })
             .collect(),
-        Some(Held::Delta(m)) => (m.iter())
+        Some(Held::Each(m)) => (m.iter())
             .map(|(name, (version, digest, at))| {
                 let version = version.clone().unwrap_or_default();
                 let had = Had {
@@ -257,12 +327,18 @@ fn type_resources(url: &str, t: &TypeEntry, out: &mut Vec<ResourceStatus>) {
         return;
     };
     let (config, at) = match &u.nack {
-        Some((_, _, at)) => (ConfigStatus::Error, *at),
+        Some(n) => (ConfigStatus::Error, n.at),
         None => (ConfigStatus::Stale, u.push.at),
     };
-    let error = (u.nack.as_ref()).map(|(m, _, at)| (m.clone(), u.push.version.clone(), *at));
+    // A resource's own part of the message when the client named it, else the whole message.
+    let error = |name: &str| {
+        let n = u.nack.as_ref()?;
+        let own = n.rejected.iter().find(|r| r.name == name);
+        let message = own.map_or(&n.message, |r| &r.reason).clone();
+        Some((message, u.push.version.clone(), n.at))
+    };
     let named = |name: &str| match &u.nack {
-        Some((_, suspects, _)) => suspects.is_empty() || suspects.iter().any(|s| s == name),
+        Some(n) => n.suspects.is_empty() || n.suspects.iter().any(|s| s == name),
         None => false,
     };
     let unsettled = |name: String, before: Option<&Had>| ResourceStatus {
@@ -275,7 +351,7 @@ fn type_resources(url: &str, t: &TypeEntry, out: &mut Vec<ResourceStatus>) {
             None => ClientStatus::Requested,
         },
         last_updated: at,
-        error: error.clone(),
+        error: error(&name),
         name,
     };
     let mut changed: HashMap<String, ResourceStatus> = HashMap::new();
@@ -289,10 +365,12 @@ fn type_resources(url: &str, t: &TypeEntry, out: &mut Vec<ResourceStatus>) {
         }
     }
     // SotW: what the push leaves out, it removes; Delta says what it removes.
-    let removed: Vec<String> = match &t.held {
-        Some(Held::Delta(_)) | None if u.push.removed.is_empty() => vec![],
-        Some(Held::Delta(_)) | None => u.push.removed.clone(),
-        Some(Held::Sotw(..)) => {
+    // After a partial NACK the push's removals already applied.
+    let partial = u.nack.as_ref().is_some_and(|n| n.scope == Scope::Partial);
+    let removed: Vec<String> = match t.api {
+        _ if partial => vec![],
+        Some(Api::Delta) => u.push.removed.clone(),
+        _ => {
             let now: std::collections::HashSet<_> =
                 u.push.resources.iter().map(|r| r.name).collect();
             had.keys()

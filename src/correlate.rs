@@ -95,6 +95,9 @@ pub struct Push {
     pub bytes: u64,
     /// `control_plane.identifier`, when set.
     pub control_plane: Option<String>,
+    /// `resource_errors`: (name, error) for each resource the control plane could not produce.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub resource_errors: Vec<(String, ErrorDetail)>,
     /// How many times in a row the control plane has now pushed content this client NACKed
     /// (the same resources, by digest, as the last push it rejected): 0 for a push that is
     /// no resend. go-control-plane-style servers ignore `error_detail` and loop like this.
@@ -615,6 +618,7 @@ impl Correlator {
             removed: resp.removed,
             bytes: resp.bytes,
             control_plane: resp.control_plane,
+            resource_errors: resp.resource_errors,
         });
         if !push.nonce.is_empty()
             && (sub.open.iter().any(|p| p.nonce == push.nonce)

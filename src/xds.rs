@@ -422,6 +422,9 @@ pub struct Response {
     pub removed: Vec<String>,
     /// `control_plane.identifier`.
     pub control_plane: Option<String>,
+    /// `resource_errors`: resources the control plane could not produce, each with its
+    /// `error_detail` (capped).
+    pub resource_errors: Vec<(String, ErrorDetail)>,
     /// Size of the message body, bytes.
     pub bytes: u64,
 }

@@ -310,3 +310,57 @@ fn clusters_fed_by_eds_at_every_split() {
         assert_eq!(digests, want, "cut at {cut}");
     }
 }
+
+/// `resource_errors` (SotW 7, Delta 9): each resource's name and the control plane's
+/// `error_detail`, at every split, in both APIs.
+#[test]
+fn resource_errors_in_both_apis() {
+    use envoy_types::pb::envoy::service::discovery::v3::{ResourceError, ResourceName};
+    let errors = vec![
+        ResourceError {
+            resource_name: Some(ResourceName {
+                name: "x".into(),
+                ..Default::default()
+            }),
+            error_detail: Some(Status {
+                code: 5,
+                message: "x is not in the registry".into(),
+                details: vec![],
+            }),
+        },
+        ResourceError {
+            resource_name: Some(ResourceName {
+                name: "y".into(),
+                ..Default::default()
+            }),
+            error_detail: None,
+        },
+    ];
+    let sotw = DiscoveryResponse {
+        resource_errors: errors.clone(),
+        ..sotw_response()
+    }
+    .encode_to_vec();
+    let delta = DeltaDiscoveryResponse {
+        type_url: CDS.into(),
+        nonce: "d1".into(),
+        resource_errors: errors,
+        ..Default::default()
+    }
+    .encode_to_vec();
+    for (api, bytes) in [(Api::Sotw, sotw), (Api::Delta, delta)] {
+        for cut in 0..=bytes.len() {
+            let Message::Response(r) = scan_split(Kind::Response(api), &bytes, cut) else {
+                panic!()
+            };
+            let seen: Vec<(&str, i32, &str)> = (r.resource_errors.iter())
+                .map(|(n, e)| (n.as_str(), e.code, e.message.as_str()))
+                .collect();
+            assert_eq!(
+                seen,
+                [("x", 5, "x is not in the registry"), ("y", 0, "")],
+                "{api:?} cut at {cut}"
+            );
+        }
+    }
+}

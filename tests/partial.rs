@@ -580,3 +580,96 @@ async fn a_control_plane_that_resends_rejected_content_is_a_resend_loop() {
     assert_eq!(resends(&t), Some(5), "{t}");
     tap.close().await;
 }
+
+/// A control plane's `resource_errors` (xRFC TP3) shown per resource until the resource
+/// arrives: CSDS RECEIVED_ERROR with the control plane's message, in `/status` and under
+/// `xdstap status`; a real Envoy takes the push all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resource_errors_from_the_control_plane_last_until_the_resource_arrives() {
+    use envoy_types::pb::envoy::service::discovery::v3::{ResourceError, ResourceName};
+    use envoy_types::pb::google::rpc::Status;
+    use support::scripted::{response, Scripted};
+    let a = static_cluster("a", 1000, 9);
+    let x = static_cluster("x", 1000, 9);
+    let cp = Scripted::default();
+    cp.on_first(response(CDS, "1", "n1", vec![a.clone()]));
+    cp.on_first(response(LDS, "1", "l1", vec![]));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = listener.local_addr().unwrap().to_string();
+    let _server = cp.serve(listener);
+    let tap = XdsTap::start(TapOptions::new(&upstream)).await;
+    let _envoy = Envoy::start("erred", Xds::Tcp(tap.tap.addr.clone()), false).await;
+    let acked = |nonce: &'static str| {
+        let cp = cp.clone();
+        async move {
+            let a = support::eventually(20, &format!("Envoy's answer to {nonce}"), || {
+                cp.answers_to(nonce).first().cloned()
+            })
+            .await;
+            assert_eq!(a.error, None, "{nonce}");
+        }
+    };
+    acked("n1").await;
+    let mut with_error = response(CDS, "2", "n2", vec![a.clone()]);
+    with_error.resource_errors = vec![ResourceError {
+        resource_name: Some(ResourceName {
+            name: "x".into(),
+            ..Default::default()
+        }),
+        error_detail: Some(Status {
+            code: 5,
+            message: "x: no such service in the registry".into(),
+            details: vec![],
+        }),
+    }];
+    cp.send(vec![with_error]).await;
+    acked("n2").await;
+    let x_of = |r: &envoy_types::pb::envoy::service::status::v3::ClientStatusResponse| {
+        let seen = csds::resources(csds::node(r, "erred"));
+        seen.get(&("CDS".to_string(), "x".to_string())).cloned()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let x_says = loop {
+        let r = csds::fetch(&tap.admin).await;
+        if let Some(x) = x_of(&r) {
+            break x;
+        }
+        assert!(Instant::now() < deadline, "x never in CSDS: {r:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(x_says.2, ClientResourceStatus::ReceivedError);
+    assert_eq!(x_says.3, "x: no such service in the registry");
+    let t = status_of(&tap, "erred", "CDS").await;
+    assert_eq!(t["state"], "SYNCED", "{t}");
+    assert_eq!(t["resource_errors"][0]["name"], "x", "{t}");
+    assert_eq!(t["resource_errors"][0]["code"], 5, "{t}");
+    let (_, out, _) = support::xdstap(&["status", "--admin", &tap.admin]).await;
+    assert!(
+        out.contains("erred CDS: the control plane reports an error for x since"),
+        "{out}"
+    );
+    // A push without x keeps the error; the push that carries x ends it.
+    cp.send(vec![response(CDS, "3", "n3", vec![a.clone()])])
+        .await;
+    acked("n3").await;
+    let r = csds::fetch(&tap.admin).await;
+    assert_eq!(
+        x_of(&r).map(|x| x.2),
+        Some(ClientResourceStatus::ReceivedError)
+    );
+    cp.send(vec![response(CDS, "4", "n4", vec![a.clone(), x.clone()])])
+        .await;
+    acked("n4").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = csds::fetch(&tap.admin).await;
+        if x_of(&r).is_some_and(|x| x.2 == ClientResourceStatus::Acked && x.0 == "4") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "x never ACKED at 4: {r:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let t = status_of(&tap, "erred", "CDS").await;
+    assert!(t.get("resource_errors").is_none(), "{t}");
+    tap.close().await;
+}

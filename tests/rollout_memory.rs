@@ -74,6 +74,7 @@ fn fleet(kept: usize) -> (usize, usize, usize) {
             removed: vec![],
             bytes: 0,
             control_plane: None,
+            resource_errors: vec![],
             resent_rejected: 0,
         });
         for (i, at) in contexts.iter().enumerate() {

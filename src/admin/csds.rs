@@ -111,6 +111,7 @@ fn client_config(n: NodeResources) -> csds::ClientConfig {
                 ClientStatus::Acked => csds::ClientResourceStatus::Acked,
                 ClientStatus::Nacked => csds::ClientResourceStatus::Nacked,
                 ClientStatus::Requested => csds::ClientResourceStatus::Requested,
+                ClientStatus::ReceivedError => csds::ClientResourceStatus::ReceivedError,
             } as i32,
             error_state: r
                 .error

@@ -3,7 +3,9 @@
 //! HTTP endpoints print). Field by field, both ways, tested as a round trip.
 
 use super::tap;
-use crate::observe::board::{NackInfo, NodeStatus, StatusReport, SyncState, TypeStatus};
+use crate::observe::board::{
+    NackInfo, NodeStatus, ResourceErrorInfo, StatusReport, SyncState, TypeStatus,
+};
 use crate::observe::rollout::{Latency, NackSummary, NodeStanding, RolloutReport, RolloutStatus};
 
 impl From<SyncState> for tap::SyncState {
@@ -94,6 +96,14 @@ fn type_to(t: TypeStatus) -> tap::TypeStatus {
         unanswered: t.unanswered,
         nonce_reuses: t.nonce_reuses,
         rejected_resends: t.rejected_resends,
+        resource_errors: (t.resource_errors.into_iter())
+            .map(|e| tap::ResourceError {
+                name: e.name,
+                code: e.code,
+                message: e.message,
+                since: e.since,
+            })
+            .collect(),
         nack: t.nack.map(|n| tap::Nack {
             code: n.code,
             message: n.message,
@@ -130,6 +140,14 @@ fn type_from(t: tap::TypeStatus) -> TypeStatus {
         unanswered: t.unanswered,
         nonce_reuses: t.nonce_reuses,
         rejected_resends: t.rejected_resends,
+        resource_errors: (t.resource_errors.into_iter())
+            .map(|e| ResourceErrorInfo {
+                name: e.name,
+                code: e.code,
+                message: e.message,
+                since: e.since,
+            })
+            .collect(),
         nack: t.nack.map(|n| NackInfo {
             code: n.code,
             message: n.message,
@@ -291,6 +309,12 @@ mod tests {
                     unanswered: 5,
                     nonce_reuses: 6,
                     rejected_resends: 5,
+                    resource_errors: vec![ResourceErrorInfo {
+                        name: "x".into(),
+                        code: 5,
+                        message: "gone".into(),
+                        since: "s".into(),
+                    }],
                     nack: Some(NackInfo {
                         code: 13,
                         message: "m".into(),

@@ -219,6 +219,17 @@ fn reasons(report: &StatusReport, wide: bool) -> Vec<String> {
                     t.waiting_for.join(", ")
                 ));
             }
+            for e in &t.resource_errors {
+                reasons.push(format!(
+                    "{} {}: the control plane reports an error for {} since {} (code {}): {}",
+                    n.id,
+                    t.short_type,
+                    e.name,
+                    e.since,
+                    e.code,
+                    one_line(&e.message, wide)
+                ));
+            }
             if t.rejected_resends > 0 {
                 reasons.push(format!(
                     "{} {}: the control plane pushed content the client had rejected again, {} \

@@ -15,7 +15,7 @@ use crate::correlate::{Event, Push, Timestamp, Verdict};
 use crate::xds::{short_type, Api};
 
 pub mod resources;
-use resources::{Held, Unsettled};
+use resources::{CpErrors, Held, Unsettled};
 
 /// How the board ages entries.
 #[derive(Clone, Debug)]
@@ -153,6 +153,22 @@ pub struct TypeStatus {
     /// until they come, or until their fetch timeout.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waiting_for: Vec<String>,
+    /// Resources the control plane reported errors for and has not sent since (capped).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resource_errors: Vec<ResourceErrorInfo>,
+}
+
+/// A resource the control plane reported an error for (`resource_errors`), until it sends it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ResourceErrorInfo {
+    /// The resource name.
+    pub name: String,
+    /// `error_detail.code`.
+    pub code: i32,
+    /// `error_detail.message`, as the control plane sent it.
+    pub message: String,
+    /// When the push that reported it went out.
+    pub since: String,
 }
 
 /// One node, as `/status` shows it.
@@ -221,6 +237,8 @@ struct TypeEntry {
     requested: resources::Requested,
     /// SotW or Delta, as the type's last stream speaks.
     api: Option<Api>,
+    /// The control plane's `resource_errors`, each until the resource arrives.
+    cp_errors: CpErrors,
 }
 
 impl TypeEntry {
@@ -247,6 +265,7 @@ impl TypeEntry {
             Event::Push { push, .. } => {
                 self.unsettled = Some(Unsettled::new(push.clone()));
                 self.pushes += 1;
+                self.cp_errors.on_push(push);
                 if push.resent_rejected > 0 {
                     self.rejected_resends += 1;
                 }
@@ -586,6 +605,14 @@ fn type_status(url: &str, t: &TypeEntry, now: Timestamp, stale: u64) -> TypeStat
         unanswered: t.unanswered,
         nonce_reuses: t.nonce_reuses,
         rejected_resends: t.rejected_resends,
+        resource_errors: (t.cp_errors.0.iter().take(NAMES_CAP))
+            .map(|(name, code, message, at)| ResourceErrorInfo {
+                name: name.clone(),
+                code: *code,
+                message: message.clone(),
+                since: rfc3339(*at),
+            })
+            .collect(),
         nack: t.nack.as_ref().map(|(n, _)| n.clone()),
         subscribed: t.subscribed_at.is_some(),
         state_since: since.map(rfc3339),

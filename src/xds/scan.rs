@@ -9,7 +9,8 @@
 //! 6 control_plane; DeltaDiscoveryRequest 1 node, 2 type_url, 3 subscribe, 4 unsubscribe,
 //! 5 initial_resource_versions, 6 response_nonce, 7 error_detail; DeltaDiscoveryResponse
 //! 1 system_version_info, 2 resources, 4 type_url, 5 nonce, 6 removed_resources,
-//! 7 control_plane, 8 removed_resource_names; Resource 1 version, 2 resource, 3 name;
+//! 7 control_plane, 8 removed_resource_names, 9 resource_errors (SotW: 7); ResourceError
+//! 1 resource_name (ResourceName 1 name), 2 error_detail; Resource 1 version, 2 resource, 3 name;
 //! Node 1 id, 2 cluster, 6 user_agent_name, 7 user_agent_version, 8 user_agent_build_version
 //! (BuildVersion 1 version: SemanticVersion 1 major, 2 minor, 3 patch); Status 1 code, 2 message.
 //! In a Cluster (`envoy/config/cluster/v3/cluster.proto`): 2 type (EDS = 3),
@@ -28,6 +29,8 @@ const DISCOVERY_TYPE_EDS: u64 = 3;
 const MAX_STRING: usize = 4096;
 const MAX_ERROR_MESSAGE: usize = 64 * 1024;
 const MAX_DEPTH: usize = 8;
+/// `resource_errors` kept per response at most.
+const MAX_RESOURCE_ERRORS: usize = 1024;
 
 /// Sets `out` to `bytes` as text. Strings are UTF-8 in practice: validated fast, lossy otherwise.
 fn text_into(bytes: &[u8], out: &mut String) {
@@ -91,6 +94,10 @@ enum Msg {
     MapEntry,
     /// `ResourceName` of `removed_resource_names`.
     ResourceName,
+    /// A response's `ResourceError`: its name, and its `error_detail` as a `Status`.
+    ResourceError,
+    /// The `ResourceName` of a `ResourceError`.
+    ErrorName,
     /// `node.user_agent_build_version` (Envoy sends its version here).
     BuildVersion,
     /// Its `SemanticVersion`: major, minor, patch varints.
@@ -119,6 +126,7 @@ enum Slot {
     MapValue,
     RemovedName,
     EdsService,
+    ErrorName,
 }
 
 enum Action {
@@ -410,6 +418,10 @@ impl Scanner {
             (Msg::Response, 6) | (Msg::DeltaResponse, 7) => D(Msg::ControlPlane),
             (Msg::DeltaResponse, 6) => C(Slot::Removed),
             (Msg::DeltaResponse, 8) => D(Msg::ResourceName),
+            (Msg::Response, 7) | (Msg::DeltaResponse, 9) => D(Msg::ResourceError),
+            (Msg::ResourceError, 1) => D(Msg::ErrorName),
+            (Msg::ResourceError, 2) => D(Msg::Status),
+            (Msg::ErrorName, 1) => C(Slot::ErrorName),
             (Msg::Node, 1) => C(Slot::NodeId),
             (Msg::Node, 2) => C(Slot::NodeCluster),
             (Msg::Node, 6) => C(Slot::UserAgentName),
@@ -463,9 +475,12 @@ impl Scanner {
             Msg::Status => {
                 self.status.get_or_insert_with(Default::default);
             }
-            Msg::MapEntry => {
+            Msg::MapEntry | Msg::ResourceError => {
                 self.map_key.clear();
                 self.map_value.clear();
+                if msg == Msg::ResourceError {
+                    self.status = None;
+                }
             }
             _ => {}
         }
@@ -507,6 +522,13 @@ impl Scanner {
                 std::mem::take(&mut self.map_key),
                 std::mem::take(&mut self.map_value),
             )),
+            Msg::ResourceError => {
+                let detail = self.status.take().unwrap_or_default();
+                if self.resp.resource_errors.len() < MAX_RESOURCE_ERRORS {
+                    let name = std::mem::take(&mut self.map_key);
+                    self.resp.resource_errors.push((name, detail));
+                }
+            }
             _ => {}
         }
     }
@@ -568,7 +590,7 @@ impl Scanner {
                 }
             }
             Slot::AnyTypeUrl | Slot::WrapperName | Slot::BodyName | Slot::EdsService => {}
-            Slot::MapKey => self.map_key = text,
+            Slot::MapKey | Slot::ErrorName => self.map_key = text,
             Slot::MapValue => self.map_value = text,
         }
     }

@@ -13,6 +13,29 @@ use crate::xds::Api;
 
 /// Subscriptions of more names than this are not kept: CSDS then lists what was sent only.
 const MAX_REQUESTED: usize = 64;
+/// Control-plane resource errors kept per node and type at most.
+const MAX_CP_ERRORS: usize = 1024;
+
+/// The errors the control plane reported for resources (`resource_errors`), each kept until a
+/// push carries the resource: (name, code, message, when).
+#[derive(Default)]
+pub(super) struct CpErrors(pub(super) Vec<(String, i32, String, Timestamp)>);
+
+impl CpErrors {
+    pub(super) fn on_push(&mut self, push: &Push) {
+        if self.0.is_empty() && push.resource_errors.is_empty() {
+            return;
+        }
+        let came: std::collections::HashSet<_> = push.resources.iter().map(|r| r.name).collect();
+        self.0.retain(|(n, ..)| !came.contains(n.as_str()));
+        for (name, e) in &push.resource_errors {
+            self.0.retain(|(n, ..)| n != name);
+            if self.0.len() < MAX_CP_ERRORS {
+                (self.0).push((name.clone(), e.code, e.message.clone(), push.at));
+            }
+        }
+    }
+}
 
 /// The names a client asks for of one type (none: a wildcard, or too many to keep).
 #[derive(Default)]
@@ -216,6 +239,9 @@ pub enum ClientStatus {
     Nacked,
     /// Sent, not (yet) accepted, and it had no version before.
     Requested,
+    /// The control plane reported an error for it (`resource_errors`), and has not sent it
+    /// since.
+    ReceivedError,
 }
 
 /// One resource of one node.
@@ -307,8 +333,40 @@ fn not_sent(url: &str, t: &TypeEntry, had: &BTreeMap<String, Had>, out: &mut Vec
     }
 }
 
+/// The control plane's errors over the resources listed from `start`: a resource it reported
+/// an error for is RECEIVED_ERROR (it still runs what it ran, if anything), with that error.
+fn cp_errors(url: &str, t: &TypeEntry, start: usize, out: &mut Vec<ResourceStatus>) {
+    for (name, _, message, at) in &t.cp_errors.0 {
+        let error = Some((message.clone(), String::new(), *at));
+        match out[start..].iter_mut().find(|r| r.name == *name) {
+            Some(r) => {
+                r.client = ClientStatus::ReceivedError;
+                r.error = error;
+                r.last_updated = *at;
+            }
+            None => out.push(ResourceStatus {
+                type_url: url.to_string(),
+                name: name.clone(),
+                version: String::new(),
+                config: ConfigStatus::NotSent,
+                client: ClientStatus::ReceivedError,
+                last_updated: *at,
+                error,
+            }),
+        }
+    }
+    out[start..].sort_by(|a, b| a.name.cmp(&b.name));
+}
+
 /// Every resource of one type of one node.
 fn type_resources(url: &str, t: &TypeEntry, out: &mut Vec<ResourceStatus>) {
+    let start = out.len();
+    type_resources_held(url, t, out);
+    cp_errors(url, t, start, out);
+}
+
+/// Every resource of one type of one node, but for the control plane's errors.
+fn type_resources_held(url: &str, t: &TypeEntry, out: &mut Vec<ResourceStatus>) {
     let had = held_resources(t.held.as_ref());
     let status = |name: String, h: &Had| ResourceStatus {
         type_url: url.to_string(),

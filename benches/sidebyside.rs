@@ -13,6 +13,9 @@
 //! 3. 10,000 and 30,000 idle ADS streams (100 per connection: this machine allows 20,000 open
 //!    files per process): RSS per stream.
 //! 4. One 100 MiB push: the proxy's peak RSS over idle.
+//! 5. A fleet: 10,000 ADS streams (100 per connection) each pushed the same 2,000-cluster CDS
+//!    with Istio-like names (about 100 bytes a cluster), then a second version changing every
+//!    cluster, each answered: the proxy's RSS over idle per stream after each version.
 //!
 //! Run: `scripts/bench` (installs socat and nghttp2 if missing, then
 //! `cargo bench --bench sidebyside`). Under `cargo test` it runs a small smoke version.
@@ -37,6 +40,24 @@ const ADS: &str =
 const CDS: &[u8] = b"type.googleapis.com/envoy.config.cluster.v3.Cluster";
 const WINDOW: u32 = 16 << 20;
 const CONN_WINDOW: u32 = 24 << 20;
+
+/// A fleet push: `clusters` clusters with Istio-like names and 100-byte bodies that differ by
+/// `version`, without its tail; the same for every stream.
+fn fleet_head(clusters: usize, version: u64) -> Bytes {
+    let mut body = Vec::with_capacity(clusters * 200);
+    field(&mut body, 1, format!("bench-v{version}").as_bytes());
+    for i in 0..clusters {
+        let mut c = Vec::new();
+        let name = format!("outbound|8080||svc-{i}.ns-{}.svc.cluster.local", i % 50);
+        field(&mut c, 1, name.as_bytes());
+        field(&mut c, 33, &[version as u8; 100]);
+        let mut any = Vec::new();
+        field(&mut any, 1, CDS);
+        field(&mut any, 2, &c);
+        field(&mut body, 2, &any);
+    }
+    body.into()
+}
 
 /// A push body of about `size` bytes (2 KiB clusters), without its tail; shared by all pushes
 /// of that size.
@@ -117,9 +138,11 @@ struct CpStats {
 }
 
 /// The control plane: on every request message on a stream, one push of the size the stream's
-/// `x-push-size` header asks for (0: a 1-cluster push); records push->answer latency.
+/// `x-push-size` header asks for (0: a 1-cluster push), or, with `x-fleet-clusters: N`, the
+/// fleet push of N clusters at version 1, 2, ... for at most two requests; records
+/// push->answer latency.
 async fn control_plane(listener: TcpListener, stats: Arc<CpStats>) {
-    let heads: Arc<Mutex<HashMap<usize, Bytes>>> = Arc::default();
+    let heads: Arc<Mutex<HashMap<(usize, u64), Bytes>>> = Arc::default();
     loop {
         let Ok((s, _)) = listener.accept().await else {
             return;
@@ -143,12 +166,27 @@ async fn control_plane(listener: TcpListener, stats: Arc<CpStats>) {
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(0);
-                let head = heads
-                    .lock()
-                    .unwrap()
-                    .entry(size)
-                    .or_insert_with(|| push_head(size))
-                    .clone();
+                let fleet: usize = req
+                    .headers()
+                    .get("x-fleet-clusters")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                let head_of = {
+                    let heads = heads.clone();
+                    move |version: u64| {
+                        let key = match fleet {
+                            0 => (size, 0),
+                            n => (n, version),
+                        };
+                        let mut heads = heads.lock().unwrap();
+                        let head = heads.entry(key).or_insert_with(|| match fleet {
+                            0 => push_head(size),
+                            n => fleet_head(n, version),
+                        });
+                        head.clone()
+                    }
+                };
                 let stats = stats.clone();
                 tokio::spawn(async move {
                     let mut body = req.into_body();
@@ -179,6 +217,10 @@ async fn control_plane(listener: TcpListener, stats: Arc<CpStats>) {
                                     .push(t.elapsed().as_micros() as u64);
                             }
                             nonce += 1;
+                            if fleet > 0 && nonce > 2 {
+                                continue;
+                            }
+                            let head = head_of(nonce);
                             let t = tail(nonce);
                             let total = head.len() + t.len();
                             let mut prefix = vec![0];
@@ -223,13 +265,22 @@ struct Stream {
 
 impl Stream {
     async fn open(client: &h2::client::SendRequest<Bytes>, push_size: usize) -> Stream {
+        Stream::open_with(client, "x-push-size", push_size).await
+    }
+
+    /// A stream whose pushes the header `name: value` chooses.
+    async fn open_with(
+        client: &h2::client::SendRequest<Bytes>,
+        name: &'static str,
+        value: usize,
+    ) -> Stream {
         let mut client = client.clone().ready().await.unwrap();
         let req = http::Request::builder()
             .method("POST")
             .uri(format!("http://xds{ADS}"))
             .header("content-type", "application/grpc")
             .header("te", "trailers")
-            .header("x-push-size", push_size.to_string())
+            .header(name, value.to_string())
             .body(())
             .unwrap();
         let (resp, mut send) = client.send_request(req, false).unwrap();
@@ -581,6 +632,35 @@ async fn idle_streams(p: &Proxy, streams: usize) -> Option<f64> {
     Some((after.saturating_sub(before)) as f64 * 1024.0 / streams as f64)
 }
 
+/// Workload 5: `streams` streams, 100 per connection, each pushed the same `clusters`-cluster
+/// CDS twice (two versions), each push answered; the proxy's RSS over idle per stream after the
+/// first and the second version, bytes.
+async fn fleet(p: &Proxy, streams: usize, clusters: usize) -> Option<(f64, f64)> {
+    let id = pid(p)?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let idle = memory_kib(id, "VmRSS");
+    let mut held = Vec::new();
+    let mut clients = Vec::new();
+    for i in 0..streams {
+        if i % 100 == 0 {
+            clients.push(connect(&p.addr).await);
+        }
+        let client = clients.last().unwrap();
+        let mut s = Stream::open_with(client, "x-fleet-clusters", clusters).await;
+        s.round().await;
+        held.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let first = memory_kib(id, "VmRSS");
+    for s in &mut held {
+        s.round().await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second = memory_kib(id, "VmRSS");
+    let per = |kib: u64| kib.saturating_sub(idle) as f64 * 1024.0 / streams as f64;
+    Some((per(first), per(second)))
+}
+
 /// Workload 4: one 100 MiB push; the proxy's peak RSS over idle, KiB.
 async fn big_push(p: &Proxy) -> Option<u64> {
     let id = pid(p)?;
@@ -714,7 +794,7 @@ async fn run(full: bool) {
         .filter(|n| only.is_empty() || only.split(',').any(|o| o == *n))
         .collect();
     let names = &names[..];
-    let workloads = std::env::var("SIDEBYSIDE_WORKLOADS").unwrap_or_else(|_| "0,1,2,3,4".into());
+    let workloads = std::env::var("SIDEBYSIDE_WORKLOADS").unwrap_or_else(|_| "0,1,2,3,4,5".into());
     let on = |w: &str| workloads.split(',').any(|x| x == w);
     let mut rows: Vec<Row> = Vec::new();
     let mut row = |workload: &str, name: &str, figure: String| {
@@ -814,6 +894,23 @@ async fn run(full: bool) {
                         format!("{:.1}", per / 1024.0),
                     );
                 }
+            }
+        }
+        if on("5") && matches!(*name, "xdstap" | "before") {
+            let (streams, clusters) = if full { (10_000, 2_000) } else { (20, 50) };
+            let p = start(name, &upstream, &receiver.endpoint);
+            if let Some((first, second)) = fleet(&p, streams, clusters).await {
+                let what = format!("5. {streams} streams x {clusters} clusters: RSS per stream");
+                row(
+                    &format!("{what}, one version (KiB)"),
+                    name,
+                    format!("{:.1}", first / 1024.0),
+                );
+                row(
+                    &format!("{what}, two versions (KiB)"),
+                    name,
+                    format!("{:.1}", second / 1024.0),
+                );
             }
         }
         if on("4") && *name != "direct" && *name != "socat" {

@@ -233,6 +233,10 @@ pub struct StatusArgs {
     /// Show only this node.
     #[arg(long, value_name = "ID")]
     pub node: Option<String>,
+    /// List that node's resources one a line (over CSDS): the version whose content it runs,
+    /// how it stands, and its own error; exits 1 when any is NACKED or RECEIVED_ERROR.
+    #[arg(long, requires = "node")]
+    pub resources: bool,
     /// Output: table, wide (versions sent/accepted per type) or json.
     #[arg(long, short = 'o', value_name = "FORMAT", default_value = "table")]
     pub output: Output,

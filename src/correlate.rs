@@ -37,7 +37,9 @@ use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use crate::xds::{Api, ErrorDetail, Node, Request, Resources, Response, CLUSTER, ENDPOINTS};
+use crate::xds::{
+    Api, ErrorDetail, Interner, Node, Request, Resources, Response, CLUSTER, ENDPOINTS,
+};
 
 pub mod scope;
 pub use scope::{Rejected, Scope};
@@ -87,8 +89,8 @@ pub struct Push {
     pub nonce: String,
     /// When it went out.
     pub at: Timestamp,
-    /// The resources (names and digests).
-    pub resources: Resources,
+    /// The resources (names and digests), shared with every other push of the same set.
+    pub resources: Arc<Resources>,
     /// Names removed (Delta).
     pub removed: Vec<String>,
     /// Message size, bytes.
@@ -444,6 +446,8 @@ pub struct Correlator {
     /// Open CDS pushes that wait for EDS, oldest first.
     warming: VecDeque<Warming>,
     ended: bool,
+    /// Where pushes' resource sets are held once for every stream.
+    interner: Option<Arc<Interner>>,
 }
 
 /// A verdict event for `push`, decided at `now`.
@@ -469,7 +473,14 @@ impl Correlator {
             types: Vec::new(),
             warming: VecDeque::new(),
             ended: false,
+            interner: None,
         }
+    }
+
+    /// Pushes' resource sets go through `interner`, shared with every stream's equal sets.
+    pub fn with_interner(mut self, interner: Arc<Interner>) -> Self {
+        self.interner = Some(interner);
+        self
     }
 
     /// The node, once a request carried one.
@@ -593,6 +604,7 @@ impl Correlator {
         let at = self.context(&resp.type_url, now);
         let api = self.api;
         let decided_from = out.len();
+        let interner = self.interner.clone();
         let Some(sub) = self.subscription(&resp.type_url) else {
             return;
         };
@@ -613,7 +625,10 @@ impl Correlator {
             resources: {
                 let mut r = resp.resources;
                 r.shrink_to_fit();
-                r
+                match interner {
+                    Some(i) => i.intern(r),
+                    None => Arc::new(r),
+                }
             },
             removed: resp.removed,
             bytes: resp.bytes,

@@ -13,13 +13,15 @@ use crate::observe::{now, EventSender, TapStats};
 use crate::proxy::{Direction, Headers, Observe, Side, StreamEnd, StreamInfo, StreamObserver};
 use crate::xds::decode::{DecodeError, MessageDecoder};
 use crate::xds::scan::Kind;
-use crate::xds::{Message, Method};
+use crate::xds::{Interner, Message, Method};
 
 /// The xDS observer.
 pub struct Tap {
     events: EventSender,
     stats: Arc<TapStats>,
     decode_limit: u64,
+    /// Pushes' resource sets, held once for all streams.
+    interner: Arc<Interner>,
 }
 
 impl Tap {
@@ -29,6 +31,7 @@ impl Tap {
             events,
             stats,
             decode_limit,
+            interner: Arc::default(),
         }
     }
 }
@@ -57,7 +60,7 @@ impl Observe for Tap {
             upstream: info.upstream.into(),
         };
         Box::new(XdsStream {
-            correlator: Correlator::new(method.api, context),
+            correlator: Correlator::new(method.api, context).with_interner(self.interner.clone()),
             method,
             request: Half {
                 encoding,

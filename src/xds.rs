@@ -304,6 +304,34 @@ impl Resources {
         })
     }
 
+    /// Whether `other` holds the same resources in the same order (names, versions, digests
+    /// and which clusters take their endpoints from EDS).
+    pub fn same_as(&self, other: &Resources) -> bool {
+        self.len == other.len
+            && self.eds == other.eds
+            && self.chunks == other.chunks
+            && self.services == other.services
+    }
+
+    /// A digest of what [`Resources::same_as`] compares, to find equal sets fast.
+    pub fn content_digest(&self) -> u64 {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        h.update(&(self.len as u64).to_le_bytes());
+        for c in &self.chunks {
+            h.update(&c.text);
+            for e in &c.entries {
+                h.update(&e.name_end.to_le_bytes());
+                h.update(&e.version_end.to_le_bytes());
+                h.update(&e.digest.to_le_bytes());
+            }
+        }
+        for (i, s) in &self.services {
+            h.update(&i.to_le_bytes());
+            h.update(s.as_bytes());
+        }
+        h.digest()
+    }
+
     /// Gives back the growth slack of the last chunk once the message is complete.
     pub fn shrink_to_fit(&mut self) {
         if let Some(c) = self.chunks.last_mut() {
@@ -438,6 +466,57 @@ pub enum Message {
     Response(Response),
 }
 
+/// Resource sets held once however many streams were pushed them: a fleet's clients get the same
+/// push, so each stream's copy is replaced by the one copy still alive, found by content.
+/// Only live sets are found; the dead are swept as the map grows.
+#[derive(Default)]
+pub struct Interner {
+    sets: std::sync::Mutex<InternedSets>,
+}
+
+#[derive(Default)]
+struct InternedSets {
+    by_digest: std::collections::HashMap<u64, std::sync::Weak<Resources>>,
+    /// Sweep the dead when the map reaches this size.
+    sweep_at: usize,
+}
+
+impl Interner {
+    /// The one live copy of `resources`, or `resources` itself, now shared. Empty sets are not
+    /// kept: there is nothing to share.
+    pub fn intern(&self, resources: Resources) -> std::sync::Arc<Resources> {
+        if resources.is_empty() {
+            return std::sync::Arc::new(resources);
+        }
+        let digest = resources.content_digest();
+        let mut sets = self.sets.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(live) = sets.by_digest.get(&digest).and_then(|w| w.upgrade()) {
+            if live.same_as(&resources) {
+                return live;
+            }
+        }
+        let shared = std::sync::Arc::new(resources);
+        if sets.by_digest.len() >= sets.sweep_at {
+            sets.by_digest.retain(|_, w| w.strong_count() > 0);
+            sets.sweep_at = (sets.by_digest.len() * 2).max(64);
+        }
+        sets.by_digest
+            .insert(digest, std::sync::Arc::downgrade(&shared));
+        shared
+    }
+
+    /// Sets in the map, live or not yet swept.
+    pub fn len(&self) -> usize {
+        let sets = self.sets.lock().unwrap_or_else(|p| p.into_inner());
+        sets.by_digest.len()
+    }
+
+    /// Whether the map is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// The type URL of clusters (CDS).
 pub const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 /// The type URL of endpoints (EDS).
@@ -500,6 +579,46 @@ pub fn redact_private_keys(message: &str) -> std::borrow::Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn set(names: &[&str], digest: u64) -> Resources {
+        let mut r = Resources::default();
+        for n in names {
+            r.push_parts(n, None, digest);
+        }
+        r.shrink_to_fit();
+        r
+    }
+
+    #[test]
+    fn equal_sets_are_held_once_while_alive() {
+        let interner = Interner::default();
+        let a = interner.intern(set(&["a", "b"], 1));
+        let b = interner.intern(set(&["a", "b"], 1));
+        assert!(
+            std::sync::Arc::ptr_eq(&a, &b),
+            "the same content is one copy"
+        );
+        let other = interner.intern(set(&["a", "b"], 2));
+        assert!(
+            !std::sync::Arc::ptr_eq(&a, &other),
+            "another digest is another set"
+        );
+        let mut eds = set(&["a", "b"], 1);
+        eds.mark_eds(None);
+        assert!(!std::sync::Arc::ptr_eq(&a, &interner.intern(eds)));
+        drop((a, b, other));
+        // Nothing alive: a new copy is made, and the dead are swept as the map grows.
+        let again = interner.intern(set(&["a", "b"], 1));
+        assert_eq!(std::sync::Arc::strong_count(&again), 1);
+        for i in 0..1000u64 {
+            interner.intern(set(&["x"], i));
+        }
+        assert!(
+            interner.len() < 200,
+            "dead sets are swept: {}",
+            interner.len()
+        );
+    }
 
     #[test]
     fn private_keys_are_redacted_from_messages() {

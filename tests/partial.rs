@@ -328,7 +328,50 @@ async fn clusters_a_nack_leaves_the_valid_part_running() {
         assert_eq!(t["nack"]["scope"], "partial", "{t}");
         assert_eq!(t["nack"]["rejected"], serde_json::json!(["b"]), "{t}");
         assert_eq!(t["nack"]["applied"], serde_json::json!(["a", "c"]), "{t}");
+        // One node's resources over HTTP: what CSDS says, as JSON.
+        let (code, body) = support::http_get(&tap.admin, &format!("/status?node={node}")).await;
+        assert_eq!(code, 200);
+        let v: Value = serde_json::from_str(&body).unwrap();
+        let listed: Vec<(String, String)> = (v["nodes"][0]["resources"].as_array().unwrap())
+            .iter()
+            .filter(|r| r["type"] == "CDS")
+            .map(|r| {
+                (
+                    r["name"].as_str().unwrap().into(),
+                    r["client"].as_str().unwrap().into(),
+                )
+            })
+            .collect();
+        let want = [("a", "ACKED"), ("b", "NACKED"), ("c", "ACKED")];
+        let want: Vec<(String, String)> = (want.iter())
+            .map(|(n, c)| (n.to_string(), c.to_string()))
+            .collect();
+        assert_eq!(listed, want, "{body}");
     }
+    // The same for people: one line per resource, with b's own reason; exit 1 for the NACK.
+    let (code, out, err) = support::xdstap(&[
+        "status",
+        "--admin",
+        &tap.admin,
+        "--node",
+        "envoy-sotw",
+        "--resources",
+    ])
+    .await;
+    assert_eq!(code, 1, "{out}{err}");
+    let line = |name: &str| {
+        (out.lines())
+            .find(|l| l.split_whitespace().nth(1) == Some(name))
+            .map(|l| l.split_whitespace().take(4).collect::<Vec<_>>().join(" "))
+    };
+    assert_eq!(line("a").as_deref(), Some("CDS a 2 ACKED"), "{out}");
+    assert_eq!(line("b").as_deref(), Some("CDS b 1 NACKED"), "{out}");
+    assert_eq!(line("c").as_deref(), Some("CDS c 2 ACKED"), "{out}");
+    let b = (out.lines()).find(|l| l.contains(" b ")).unwrap();
+    assert!(
+        b.contains("malformed IP address: not-an-ip") && b.trim_end().ends_with("(rejected 2)"),
+        "{b}"
+    );
 
     cp.set(steps[2].clone());
     let said = answers(&cp, CDS, "3").await;

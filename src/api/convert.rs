@@ -75,6 +75,8 @@ fn node_from(n: tap::NodeStatus) -> NodeStatus {
         last_seen: n.last_seen,
         disconnected_at: n.disconnected_at,
         types: n.types.into_iter().map(type_from).collect(),
+        // Over gRPC, resources come from CSDS.
+        resources: Vec::new(),
     }
 }
 
@@ -279,7 +281,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reports_survive_the_round_trip() {
+    fn status_survives_the_round_trip() {
         let status = StatusReport {
             generated_at: "t".into(),
             stale_after_seconds: 30.0,
@@ -292,6 +294,7 @@ mod tests {
                 streams: 2,
                 last_seen: "l".into(),
                 disconnected_at: Some("d".into()),
+                resources: vec![],
                 types: vec![TypeStatus {
                     short_type: "CDS".into(),
                     type_url: "u".into(),
@@ -335,6 +338,10 @@ mod tests {
         };
         let back = StatusReport::from(tap::StatusReport::from(status.clone()));
         assert_eq!(back, status);
+    }
+
+    #[test]
+    fn rollouts_survive_the_round_trip() {
         let rollouts = RolloutReport {
             generated_at: "t".into(),
             rollouts: vec![RolloutStatus {

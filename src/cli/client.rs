@@ -13,6 +13,7 @@ use tonic::codegen::Service;
 use tonic::transport::{Channel, Uri};
 
 use super::{EX_UNAVAILABLE, EX_USAGE};
+use crate::api::csds::client_status_discovery_service_client::ClientStatusDiscoveryServiceClient;
 use crate::api::tap::tap_client::TapClient;
 use crate::proxy::Endpoint;
 
@@ -53,6 +54,8 @@ impl AskError {
 pub struct Tap {
     /// The generated client.
     pub client: TapClient<Channel>,
+    /// CSDS on the same connection.
+    pub csds: ClientStatusDiscoveryServiceClient<Channel>,
     /// The address, for messages.
     pub admin: String,
 }
@@ -88,6 +91,7 @@ impl Tap {
                 .map_err(failed)?,
         };
         Ok(Tap {
+            csds: ClientStatusDiscoveryServiceClient::new(channel.clone()),
             client: TapClient::new(channel),
             admin: admin.to_string(),
         })

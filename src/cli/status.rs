@@ -12,6 +12,9 @@ use crate::observe::board::{worst, NodeStatus, StatusReport, SyncState, TypeStat
 
 /// `xdstap status`: fetch, print, and say by the exit status whether anything needs attention.
 pub fn run(args: &StatusArgs) -> ExitCode {
+    if let (true, Some(node)) = (args.resources, args.node.as_deref()) {
+        return run_resources(&args.admin, node, args.output);
+    }
     let report = match block_on(fetch(&args.admin, args.node.as_deref())) {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => return e.exit("status"),
@@ -19,6 +22,96 @@ pub fn run(args: &StatusArgs) -> ExitCode {
     };
     args.output.print(&report, render);
     ExitCode::from(u8::from(has_problems(&report)))
+}
+
+/// `xdstap status --node N --resources`: one line per resource of N, over CSDS.
+fn run_resources(admin: &str, node: &str, output: super::Output) -> ExitCode {
+    let rows = match block_on(fetch_resources(admin, node)) {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return e.exit("status"),
+        Err(code) => return code,
+    };
+    if rows.is_empty() {
+        eprintln!("xdstap status: the tap knows no resources of node {node:?}");
+        return ExitCode::from(1);
+    }
+    let bad =
+        |r: &serde_json::Value| matches!(r["client"].as_str(), Some("NACKED" | "RECEIVED_ERROR"));
+    let problems = rows.iter().any(bad);
+    output.print(&ResourceRows(rows), render_resources);
+    ExitCode::from(u8::from(problems))
+}
+
+/// Node `node`'s resources as CSDS gives them, one JSON object each.
+async fn fetch_resources(admin: &str, node: &str) -> Result<Vec<serde_json::Value>, AskError> {
+    use crate::api::csds::{
+        string_matcher::MatchPattern, ClientResourceStatus, ClientStatusRequest, ConfigStatus,
+        NodeMatcher, StringMatcher,
+    };
+    let mut tap = Tap::connect(admin).await?;
+    let request = ClientStatusRequest {
+        node_matchers: vec![NodeMatcher {
+            node_id: Some(StringMatcher {
+                match_pattern: Some(MatchPattern::Exact(node.into())),
+                ignore_case: false,
+            }),
+        }],
+    };
+    let answer = match tap.csds.fetch_client_status(request).await {
+        Ok(r) => r.into_inner(),
+        Err(e) => return Err(tap.failed(e)),
+    };
+    let name = |s: &str| s.trim_start_matches("CLIENT_RESOURCE_STATUS_").to_string();
+    Ok((answer.config.iter().flat_map(|c| &c.generic_xds_configs))
+        .map(|g| {
+            let error = g.error_state.as_ref();
+            serde_json::json!({
+                "type": crate::xds::short_type(&g.type_url),
+                "name": g.name,
+                "version": g.version_info,
+                "client": name(ClientResourceStatus::try_from(g.client_status)
+                    .map_or("UNKNOWN", |s| s.as_str_name())),
+                "config": ConfigStatus::try_from(g.config_status)
+                    .map_or("UNKNOWN", |s| s.as_str_name()),
+                "error": error.map(|e| e.details.clone()),
+                "rejected_version": error.map(|e| e.version_info.clone()).filter(|v| !v.is_empty()),
+            })
+        })
+        .collect())
+}
+
+/// A node's resources, printed as a JSON array or a table.
+#[derive(serde::Serialize)]
+#[serde(transparent)]
+struct ResourceRows(Vec<serde_json::Value>);
+
+/// One line per resource: type, name, the version it runs, how it stands, its error.
+fn render_resources(ResourceRows(rows): &ResourceRows, wide: bool) -> String {
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or("").to_string();
+    let mut table_rows = vec![["TYPE", "NAME", "RUNS", "STATE", "SENT", "ERROR"]
+        .iter()
+        .map(|h| h.to_string())
+        .collect::<Vec<_>>()];
+    for r in rows {
+        let version = match text(&r["version"]) {
+            v if v.is_empty() => "-".to_string(),
+            v => v,
+        };
+        let error = match (r["error"].as_str(), r["rejected_version"].as_str()) {
+            (Some(e), Some(v)) => format!("{} (rejected {v})", one_line(e, wide)),
+            (Some(e), None) => one_line(e, wide),
+            (None, _) => "-".into(),
+        };
+        table_rows.push(vec![
+            text(&r["type"]),
+            text(&r["name"]),
+            version,
+            text(&r["client"]),
+            text(&r["config"]),
+            error,
+        ]);
+    }
+    table(&table_rows)
 }
 
 /// The status board of the tap at `admin` (of one node, or all).

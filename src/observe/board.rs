@@ -192,6 +192,50 @@ pub struct NodeStatus {
     pub disconnected_at: Option<String>,
     /// Per type, sorted by short type.
     pub types: Vec<TypeStatus>,
+    /// Per resource, when one node is asked for over HTTP (`/status?node=ID`); over gRPC, CSDS
+    /// answers this.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<ResourceView>,
+}
+
+/// One resource of one node, as `/status?node=ID` lists it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ResourceView {
+    /// `CDS`, `EDS`, ... or the type URL.
+    #[serde(rename = "type")]
+    pub short_type: String,
+    /// The resource name.
+    pub name: String,
+    /// The version whose content the client runs (empty: none).
+    pub version: String,
+    /// The control plane's side: SYNCED, NOT_SENT, STALE, ERROR.
+    pub config: resources::ConfigStatus,
+    /// The client's side: ACKED, NACKED, REQUESTED, RECEIVED_ERROR.
+    pub client: resources::ClientStatus,
+    /// The client's (or, for RECEIVED_ERROR, the control plane's) message about it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The version rejected, when the client rejected one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejected_version: Option<String>,
+}
+
+impl From<resources::ResourceStatus> for ResourceView {
+    fn from(r: resources::ResourceStatus) -> Self {
+        let (error, rejected) = match r.error {
+            Some((message, version, _)) => (Some(message), Some(version).filter(|v| !v.is_empty())),
+            None => (None, None),
+        };
+        ResourceView {
+            short_type: short_type(&r.type_url).to_string(),
+            name: r.name,
+            version: r.version,
+            config: r.config,
+            client: r.client,
+            error,
+            rejected_version: rejected,
+        }
+    }
 }
 
 /// `/status`.
@@ -538,6 +582,7 @@ impl StatusBoard {
                     last_seen: rfc3339(n.last_seen),
                     disconnected_at: n.disconnected_at.map(rfc3339),
                     types,
+                    resources: Vec::new(),
                 }
             })
             .collect();

@@ -218,7 +218,8 @@ fn fold_with(
 }
 
 /// How a resource stands, from the control plane's side (CSDS `ConfigStatus`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ConfigStatus {
     /// Sent and accepted.
     Synced,
@@ -231,7 +232,8 @@ pub enum ConfigStatus {
 }
 
 /// What the client has of it (CSDS `ClientResourceStatus`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ClientStatus {
     /// It runs an accepted version.
     Acked,

@@ -294,6 +294,19 @@ impl Stream {
 
     /// Reads one whole push and answers it; returns its size.
     async fn round(&mut self) -> usize {
+        let size = self.read_push().await;
+        self.answer();
+        size
+    }
+
+    /// ACKs the push read last.
+    fn answer(&mut self) {
+        self.answered += 1;
+        self.send.send_data(request(self.answered), false).unwrap();
+    }
+
+    /// Reads one whole push; returns its size.
+    async fn read_push(&mut self) -> usize {
         let mut prefix = Vec::with_capacity(5);
         let mut want = usize::MAX;
         let mut got = 0usize;
@@ -312,8 +325,6 @@ impl Stream {
             }
             got += rest.len();
         }
-        self.answered += 1;
-        self.send.send_data(request(self.answered), false).unwrap();
         want + 5
     }
 }
@@ -633,8 +644,10 @@ async fn idle_streams(p: &Proxy, streams: usize) -> Option<f64> {
 }
 
 /// Workload 5: `streams` streams, 100 per connection, each pushed the same `clusters`-cluster
-/// CDS twice (two versions), each push answered; the proxy's RSS over idle per stream after the
-/// first and the second version, bytes.
+/// CDS twice (two versions); the proxy's RSS over idle per stream once every stream holds the
+/// first push (not yet answered: answering brings the second), and once every stream has
+/// answered both, bytes. One push is in flight at a time, so no connection's window fills with
+/// pushes nobody reads.
 async fn fleet(p: &Proxy, streams: usize, clusters: usize) -> Option<(f64, f64)> {
     let id = pid(p)?;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -647,12 +660,13 @@ async fn fleet(p: &Proxy, streams: usize, clusters: usize) -> Option<(f64, f64)>
         }
         let client = clients.last().unwrap();
         let mut s = Stream::open_with(client, "x-fleet-clusters", clusters).await;
-        s.round().await;
+        s.read_push().await;
         held.push(s);
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let first = memory_kib(id, "VmRSS");
     for s in &mut held {
+        s.answer();
         s.round().await;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -339,16 +339,33 @@ struct Subscription {
 enum Accepted {
     /// SotW: the last accepted push is the whole state; kept by reference, not copied.
     Push(Arc<Push>),
-    /// Delta, or SotW after a partial NACK: name -> digest, folded over what was applied.
+    /// SotW after a partial NACK: that push, but for the resources it rejected, which keep the
+    /// digest they had (none: they were new). A stream keeps only where it differs from the
+    /// push, which the fleet shares.
+    Except(Arc<Push>, Vec<(String, Option<u64>)>),
+    /// Delta: name -> digest, folded over what was applied.
     Digests(HashMap<String, u64>),
 }
 
 impl Accepted {
     fn digests(&self) -> HashMap<String, u64> {
-        match self {
-            Accepted::Push(p) => (p.resources.iter())
+        let of = |p: &Push| -> HashMap<String, u64> {
+            (p.resources.iter())
                 .map(|r| (r.name.into_owned(), r.digest))
-                .collect(),
+                .collect()
+        };
+        match self {
+            Accepted::Push(p) => of(p),
+            Accepted::Except(p, kept) => {
+                let mut m = of(p);
+                for (name, digest) in kept {
+                    match digest {
+                        Some(d) => m.insert(name.clone(), *d),
+                        None => m.remove(name),
+                    };
+                }
+                m
+            }
             Accepted::Digests(m) => m.clone(),
         }
     }
@@ -404,19 +421,23 @@ impl Subscription {
     /// Folds the part of a NACKed push that the client applied: every resource but the
     /// `rejected`, which keep what they were; SotW drops what the push leaves out, Delta what it
     /// removes.
-    fn accept_part(&mut self, api: Api, push: &Push, rejected: &[Rejected]) {
+    fn accept_part(&mut self, api: Api, push: &Arc<Push>, rejected: &[Rejected]) {
         let before = self.accepted.as_ref().map(Accepted::digests);
+        if api == Api::Sotw {
+            let kept = (rejected.iter())
+                .map(|r| {
+                    let had = before.as_ref().and_then(|b| b.get(&r.name)).copied();
+                    (r.name.clone(), had)
+                })
+                .collect();
+            self.accepted = Some(Accepted::Except(push.clone(), kept));
+            return;
+        }
         let is_rejected = |n: &str| rejected.iter().any(|r| r.name == n);
-        let mut now = match api {
-            Api::Sotw => HashMap::with_capacity(push.resources.len()),
-            Api::Delta => {
-                let mut m = before.clone().unwrap_or_default();
-                for n in &push.removed {
-                    m.remove(n);
-                }
-                m
-            }
-        };
+        let mut now = before.clone().unwrap_or_default();
+        for n in &push.removed {
+            now.remove(n);
+        }
         for r in push.resources.iter().filter(|r| !is_rejected(&r.name)) {
             now.insert(r.name.into_owned(), r.digest);
         }
@@ -918,6 +939,7 @@ fn warming_names(push: &Push, accepted: Option<&Accepted>) -> Vec<String> {
                     .collect()
             }),
             Some(Accepted::Digests(m)) => m,
+            Some(a @ Accepted::Except(..)) => by_name.get_or_insert_with(|| a.digests()),
             None => &HashMap::new(),
         };
         let Some(r) = pushed.get(i) else { break };
@@ -954,6 +976,9 @@ fn blame(
     let old: Option<HashMap<Cow<str>, u64>> = accepted.map(|a| match a {
         Accepted::Push(p) => p.resources.iter().map(|r| (r.name, r.digest)).collect(),
         Accepted::Digests(m) => m.iter().map(|(k, v)| (Cow::from(k), *v)).collect(),
+        Accepted::Except(..) => (a.digests().into_iter())
+            .map(|(k, v)| (Cow::from(k), v))
+            .collect(),
     });
     let mut changed: Vec<String> = push
         .resources

@@ -1,8 +1,8 @@
 //! Per resource, what each node runs: the view CSDS serves. For a type, the resources the node
-//! runs (SotW after an ACK: that push, shared with the correlator, not copied; otherwise names,
-//! versions and digests folded over what it applied, the valid part of a partly NACKed push
-//! included), and the last push it has not accepted, pending or NACKed. Names, versions and
-//! digests only: never contents.
+//! runs (SotW: the push it accepted, or the one it NACKed in part with the rejected resources'
+//! old entries beside it, shared with the correlator and with every node pushed the same set;
+//! Delta: names, versions and digests folded over what it applied), and the last push it has
+//! not accepted, pending or NACKed. Names, versions and digests only: never contents.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -83,10 +83,16 @@ impl Requested {
 pub(super) enum Held {
     /// SotW, after an ACK: the accepted push is the whole state.
     Push(Arc<Push>, Timestamp),
-    /// Per resource: name -> (version, digest, when applied). Delta, or SotW after a partial
-    /// NACK.
+    /// SotW, after a partial NACK: that push (shared by the fleet), but for the resources it
+    /// rejected, which keep what they were (none: they were new). A node keeps only where it
+    /// differs from the push.
+    Except(Arc<Push>, Timestamp, Vec<(String, Option<Kept>)>),
+    /// Delta, per resource: name -> (version, digest, when applied).
     Each(BTreeMap<String, (Option<String>, u64, Timestamp)>),
 }
+
+/// What a rejected resource still runs: its version, digest and when it was applied.
+pub(super) type Kept = (String, u64, Timestamp);
 
 /// The NACK of an unsettled push.
 struct Nacked {
@@ -167,44 +173,35 @@ pub(super) fn on_verdict(
 fn apply_part(
     t: &mut TypeEntry,
     api: Option<Api>,
-    push: &Push,
+    push: &Arc<Push>,
     rejected: &[Rejected],
     at: Timestamp,
 ) {
+    if api != Some(Api::Delta) {
+        let before = held_resources(t.held.as_ref());
+        let kept = (rejected.iter())
+            .map(|r| {
+                let had = (before.get(&r.name)).map(|h| (h.version.clone(), h.digest, h.at));
+                (r.name.clone(), had)
+            })
+            .collect();
+        t.held = Some(Held::Except(push.clone(), at, kept));
+        return;
+    }
     let mut held = match t.held.take() {
         Some(Held::Each(m)) => m,
-        Some(Held::Push(p, at)) => (p.resources.iter())
-            .map(|r| {
-                let version = Some(r.version.unwrap_or(&p.version).to_string());
-                (r.name.into_owned(), (version, r.digest, at))
-            })
+        other => (held_resources(other.as_ref()).into_iter())
+            .map(|(name, h)| (name, (Some(h.version), h.digest, h.at)))
             .collect(),
-        None => BTreeMap::new(),
     };
-    if api != Some(Api::Delta) {
-        let now: std::collections::HashSet<_> = push.resources.iter().map(|r| r.name).collect();
-        held.retain(|n, _| now.contains(n.as_str()) || rejected.iter().any(|r| r.name == *n));
-    }
-    let sotw_version = (api != Some(Api::Delta)).then_some(push.version.as_str());
-    fold_with(&mut held, push, rejected, sotw_version, at);
+    fold(&mut held, push, rejected, at);
     t.held = Some(Held::Each(held));
 }
 
 type Each = BTreeMap<String, (Option<String>, u64, Timestamp)>;
 
+/// Folds a Delta `push` into `held` but for the `rejected`.
 fn fold(held: &mut Each, push: &Push, rejected: &[Rejected], at: Timestamp) {
-    fold_with(held, push, rejected, None, at)
-}
-
-/// Folds `push` into `held` but for the `rejected`; a resource without a version of its own
-/// takes `push_version` when given.
-fn fold_with(
-    held: &mut Each,
-    push: &Push,
-    rejected: &[Rejected],
-    push_version: Option<&str>,
-    at: Timestamp,
-) {
     for name in &push.removed {
         held.remove(name);
     }
@@ -212,7 +209,7 @@ fn fold_with(
         if rejected.iter().any(|x| x.name == r.name) {
             continue;
         }
-        let version = r.version.or(push_version).map(String::from);
+        let version = r.version.map(String::from);
         held.insert(r.name.into_owned(), (version, r.digest, at));
     }
 }
@@ -286,19 +283,40 @@ struct Had {
 }
 
 fn held_resources(held: Option<&Held>) -> BTreeMap<String, Had> {
-    match held {
-        None => BTreeMap::new(),
-        Some(Held::Push(p, at)) => (p.resources.iter())
+    let of = |p: &Push, at: Timestamp| -> BTreeMap<String, Had> {
+        (p.resources.iter())
             .map(|r| {
                 let version = r.version.unwrap_or(&p.version).to_string();
                 let had = Had {
                     version,
                     digest: r.digest,
-                    at: *at,
+                    at,
                 };
                 (r.name.into_owned(), had)
             })
-            .collect(),
+            .collect()
+    };
+    match held {
+        None => BTreeMap::new(),
+        Some(Held::Push(p, at)) => of(p, *at),
+        Some(Held::Except(p, at, kept)) => {
+            let mut m = of(p, *at);
+            for (name, had) in kept {
+                m.remove(name);
+                if let Some((version, digest, at)) = had {
+                    let (version, digest, at) = (version.clone(), *digest, *at);
+                    m.insert(
+                        name.clone(),
+                        Had {
+                            version,
+                            digest,
+                            at,
+                        },
+                    );
+                }
+            }
+            m
+        }
         Some(Held::Each(m)) => (m.iter())
             .map(|(name, (version, digest, at))| {
                 let version = version.clone().unwrap_or_default();

@@ -72,6 +72,10 @@ pub struct RolloutArgs {
     /// Output: table, wide (every node listed, whole messages) or json.
     #[arg(long, short = 'o', value_name = "FORMAT", default_value = "table")]
     pub output: Output,
+    /// Which nodes run this resource from VERSION, which rejected it, and which run it from
+    /// another version (over CSDS); exits 1 when any node rejected it.
+    #[arg(long, value_name = "NAME", requires = "version")]
+    pub resource: Option<String>,
     /// Where the tap is.
     #[command(flatten)]
     pub admin: AdminArgs,

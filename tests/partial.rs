@@ -367,6 +367,29 @@ async fn clusters_a_nack_leaves_the_valid_part_running() {
     assert_eq!(line("a").as_deref(), Some("CDS a 2 ACKED"), "{out}");
     assert_eq!(line("b").as_deref(), Some("CDS b 1 NACKED"), "{out}");
     assert_eq!(line("c").as_deref(), Some("CDS c 2 ACKED"), "{out}");
+    // Which nodes run v2's b (none: both rejected it) and v2's a (the SotW node; Delta
+    // resources carry their own versions).
+    let (code, out, _) =
+        support::xdstap(&["rollout", "--admin", &tap.admin, "2", "--resource", "b"]).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("b from 2: run by 0 of 2 node(s), rejected by 2"),
+        "{out}"
+    );
+    let (code, out, _) =
+        support::xdstap(&["rollout", "--admin", &tap.admin, "2", "--resource", "a"]).await;
+    assert_eq!(code, 0, "{out}");
+    let sotw = (out.lines()).find(|l| l.starts_with("envoy-sotw")).unwrap();
+    assert!(sotw.contains("runs it"), "{out}");
+    let (_, out, _) = support::xdstap(&[
+        "status",
+        "--admin",
+        &tap.admin,
+        "--node",
+        "envoy-sotw",
+        "--resources",
+    ])
+    .await;
     let b = (out.lines()).find(|l| l.contains(" b ")).unwrap();
     assert!(
         b.contains("malformed IP address: not-an-ip") && b.trim_end().ends_with("(rejected 2)"),

@@ -14,6 +14,9 @@ use crate::observe::rollout::{RolloutReport, RolloutStatus};
 /// `xdstap rollout`.
 pub fn run(args: &RolloutArgs) -> ExitCode {
     let version = args.version.as_deref();
+    if let (Some(name), Some(v)) = (args.resource.as_deref(), version) {
+        return run_resource(args, name, v);
+    }
     let report = match block_on(fetch(&args.admin.admin, version, &args.types)) {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => return e.exit("rollout"),
@@ -26,6 +29,77 @@ pub fn run(args: &RolloutArgs) -> ExitCode {
     }
     let failed = (report.rollouts.iter()).any(|r| r.nacked > 0 || r.unanswered > 0);
     ExitCode::from(u8::from(failed))
+}
+
+/// `xdstap rollout V --resource NAME`: which nodes run NAME from V, which rejected V's NAME,
+/// which run it from another version.
+fn run_resource(args: &RolloutArgs, name: &str, version: &str) -> ExitCode {
+    let rows = match block_on(super::status::fetch_resources(&args.admin.admin, None)) {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return e.exit("rollout"),
+        Err(code) => return code,
+    };
+    let text = |r: &serde_json::Value, k: &str| r[k].as_str().unwrap_or("").to_string();
+    let wanted = |r: &&serde_json::Value| {
+        r["name"] == name
+            && (args.types.is_empty()
+                || (args.types.iter())
+                    .any(|t| r["type"] == t.as_str() || r["type_url"] == t.as_str()))
+    };
+    let mut table_rows = vec![["NODE", "TYPE", "RUNS", "STATE", "OF VERSION"]
+        .iter()
+        .map(|h| h.to_string())
+        .collect::<Vec<_>>()];
+    let (mut runs, mut rejected) = (0, 0);
+    let mut found: Vec<&serde_json::Value> = rows.iter().filter(wanted).collect();
+    found.sort_by_key(|r| (text(r, "version") != version, text(r, "node")));
+    for r in &found {
+        let state = text(r, "client");
+        let of = match (
+            text(r, "version") == version,
+            r["rejected_version"].as_str(),
+        ) {
+            (true, _) => {
+                runs += 1;
+                "runs it".to_string()
+            }
+            (false, Some(v)) if v == version && state == "NACKED" => {
+                rejected += 1;
+                format!("rejected it: {}", one_line(&text(r, "error"), false))
+            }
+            _ => "another version".to_string(),
+        };
+        let runs_version = match text(r, "version") {
+            v if v.is_empty() => "-".to_string(),
+            v => v,
+        };
+        table_rows.push(vec![
+            text(r, "node"),
+            text(r, "type"),
+            runs_version,
+            state,
+            of,
+        ]);
+    }
+    if found.is_empty() {
+        eprintln!("xdstap rollout: no node has or asks for a resource named {name:?}");
+        return ExitCode::from(1);
+    }
+    let json = serde_json::json!({
+        "resource": name, "version": version, "runs": runs, "rejected": rejected,
+        "nodes": found,
+    });
+    match args.output {
+        super::Output::Json => println!("{json:#}"),
+        _ => {
+            print!("{}", table(&table_rows));
+            println!(
+                "\n{name} from {version}: run by {runs} of {} node(s), rejected by {rejected}",
+                found.len()
+            );
+        }
+    }
+    ExitCode::from(u8::from(rejected > 0))
 }
 
 /// The rollout view of the tap at `admin`.

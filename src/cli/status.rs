@@ -26,7 +26,7 @@ pub fn run(args: &StatusArgs) -> ExitCode {
 
 /// `xdstap status --node N --resources`: one line per resource of N, over CSDS.
 fn run_resources(admin: &str, node: &str, output: super::Output) -> ExitCode {
-    let rows = match block_on(fetch_resources(admin, node)) {
+    let rows = match block_on(fetch_resources(admin, Some(node))) {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => return e.exit("status"),
         Err(code) => return code,
@@ -42,31 +42,42 @@ fn run_resources(admin: &str, node: &str, output: super::Output) -> ExitCode {
     ExitCode::from(u8::from(problems))
 }
 
-/// Node `node`'s resources as CSDS gives them, one JSON object each.
-async fn fetch_resources(admin: &str, node: &str) -> Result<Vec<serde_json::Value>, AskError> {
+/// The resources of node `node` (or of every node) as CSDS gives them, one JSON object each.
+pub async fn fetch_resources(
+    admin: &str,
+    node: Option<&str>,
+) -> Result<Vec<serde_json::Value>, AskError> {
     use crate::api::csds::{
         string_matcher::MatchPattern, ClientResourceStatus, ClientStatusRequest, ConfigStatus,
         NodeMatcher, StringMatcher,
     };
     let mut tap = Tap::connect(admin).await?;
     let request = ClientStatusRequest {
-        node_matchers: vec![NodeMatcher {
-            node_id: Some(StringMatcher {
-                match_pattern: Some(MatchPattern::Exact(node.into())),
-                ignore_case: false,
-            }),
-        }],
+        node_matchers: (node.into_iter())
+            .map(|id| NodeMatcher {
+                node_id: Some(StringMatcher {
+                    match_pattern: Some(MatchPattern::Exact(id.into())),
+                    ignore_case: false,
+                }),
+            })
+            .collect(),
     };
     let answer = match tap.csds.fetch_client_status(request).await {
         Ok(r) => r.into_inner(),
         Err(e) => return Err(tap.failed(e)),
     };
     let name = |s: &str| s.trim_start_matches("CLIENT_RESOURCE_STATUS_").to_string();
-    Ok((answer.config.iter().flat_map(|c| &c.generic_xds_configs))
-        .map(|g| {
+    let each = (answer.config.iter()).flat_map(|c| {
+        let id = c.node.as_ref().map_or("", |n| n.id.as_str());
+        c.generic_xds_configs.iter().map(move |g| (id, g))
+    });
+    Ok(each
+        .map(|(id, g)| {
             let error = g.error_state.as_ref();
             serde_json::json!({
+                "node": id,
                 "type": crate::xds::short_type(&g.type_url),
+                "type_url": g.type_url,
                 "name": g.name,
                 "version": g.version_info,
                 "client": name(ClientResourceStatus::try_from(g.client_status)

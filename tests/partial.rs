@@ -376,6 +376,22 @@ async fn clusters_a_nack_leaves_the_valid_part_running() {
         out.contains("b from 2: run by 0 of 2 node(s), rejected by 2"),
         "{out}"
     );
+    // `wait` fails on a partial NACK, saying what landed.
+    let args = [
+        "wait",
+        "--admin",
+        &tap.admin,
+        "--version",
+        "2",
+        "--timeout",
+        "10s",
+    ];
+    let (code, out, err) = support::xdstap(&args).await;
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("CDS 2 partly rejected by 2 nodes (b rejected; a, c applied)"),
+        "{out}"
+    );
     let (code, out, _) =
         support::xdstap(&["rollout", "--admin", &tap.admin, "2", "--resource", "a"]).await;
     assert_eq!(code, 0, "{out}");

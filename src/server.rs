@@ -85,7 +85,8 @@ impl Server {
         }
     }
 
-    /// Adds a sink that sees every event (the demo's recorder, a test's).
+    /// Adds a sink that sees every event (the demo's recorder, a test's), each once the tap's own
+    /// views (status board, rollouts, metrics) and the sinks added before it have applied it.
     pub fn with_sink(mut self, sink: Box<dyn Sink>) -> Server {
         self.sinks.push(sink);
         self
@@ -107,7 +108,10 @@ impl Server {
         let config = self.config;
         let acceptor = config.tls_acceptor()?;
         let connector = Connector::new(config.upstream.clone(), config.upstream_connector()?);
-        let mut sinks = self.sinks;
+        // The caller's sinks come after the tap's own views, so one that sees an event can read
+        // the status board, rollouts and metrics with that event applied.
+        let extra = self.sinks;
+        let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
         let span_stats = Arc::new(SpanStats::default());
         let exporter = outputs(&config, &span_stats, &mut sinks)?;
         let status_settings = config
@@ -136,6 +140,7 @@ impl Server {
             status: status.clone(),
         });
         sinks.push(Box::new(push_metrics));
+        sinks.extend(extra);
         let pipeline = Pipeline::start(
             PipelineOptions {
                 queue_capacity: config.event_queue,

@@ -240,8 +240,9 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<Outcome> {
     let rollouts = Rollouts::new(RolloutSettings::default());
     let listener = Listener::bind(&config.listen).await?;
     let running = Server::new(config)
-        .with_sink(Box::new(recorder.clone()))
+        // The recorder last: what it has seen, the rollout view has applied.
         .with_sink(Box::new(rollouts.clone()))
+        .with_sink(Box::new(recorder.clone()))
         .start(listener)
         .await?;
     let tap_addr = running.local_addr();

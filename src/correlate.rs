@@ -433,7 +433,8 @@ impl Subscription {
             self.accepted = Some(Accepted::Except(push.clone(), kept));
             return;
         }
-        let is_rejected = |n: &str| rejected.iter().any(|r| r.name == n);
+        let rejected_names = scope::names(rejected);
+        let is_rejected = |n: &str| rejected_names.contains(n);
         let mut now = before.clone().unwrap_or_default();
         for n in &push.removed {
             now.remove(n);
@@ -880,7 +881,8 @@ fn answer(
             let (scope, rejected) = scope::read(&error.message, &push.resources);
             let mut applied = Vec::new();
             if scope == Scope::Partial {
-                let is_rejected = |n: &str| rejected.iter().any(|r| r.name == n);
+                let rejected_names = scope::names(&rejected);
+                let is_rejected = |n: &str| rejected_names.contains(n);
                 applied = (changed.iter())
                     .filter(|n| !is_rejected(n))
                     .cloned()

@@ -489,13 +489,14 @@ impl Interner {
             return std::sync::Arc::new(resources);
         }
         let digest = resources.content_digest();
-        let mut sets = self.sets.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(live) = sets.by_digest.get(&digest).and_then(|w| w.upgrade()) {
-            if live.same_as(&resources) {
-                return live;
-            }
+        let lock = || self.sets.lock().unwrap_or_else(|p| p.into_inner());
+        // Compared outside the lock: one stream's large set never holds up another's.
+        let live = lock().by_digest.get(&digest).and_then(|w| w.upgrade());
+        if let Some(live) = live.filter(|l| l.same_as(&resources)) {
+            return live;
         }
         let shared = std::sync::Arc::new(resources);
+        let mut sets = lock();
         if sets.by_digest.len() >= sets.sweep_at {
             sets.by_digest.retain(|_, w| w.strong_count() > 0);
             sets.sweep_at = (sets.by_digest.len() * 2).max(64);

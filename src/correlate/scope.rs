@@ -65,7 +65,13 @@ const CCORE_ITEM: &str = "resource index ";
 /// grpc-go's per-resource item: `resource "NAME": `.
 const GO_ITEM: &str = "resource \"";
 
-/// The scope of a NACK of `push`'s resources with `message`, and what it rejected.
+/// The names of `rejected`, to look up in.
+pub fn names(rejected: &[Rejected]) -> std::collections::HashSet<&str> {
+    rejected.iter().map(|r| r.name.as_str()).collect()
+}
+
+/// The scope of a NACK of `push`'s resources with `message`, and what it rejected. Its work is
+/// linear in the message and the push: a name is looked up, never searched for.
 pub fn read(message: &str, resources: &Resources) -> (Scope, Vec<Rejected>) {
     if let Some(rest) = ENVOY_EACH.iter().find_map(|p| after(message, p)) {
         let rejected = envoy_items(rest, resources);
@@ -96,17 +102,24 @@ fn after<'a>(message: &'a str, prefix: &str) -> Option<&'a str> {
 }
 
 /// `NAME: reason, NAME: reason`: a reason may hold `, ` itself, so an item starts only where a
-/// name of the push stands (at the start, or after `, `) followed by `: `; the longest such name
-/// wins.
+/// name of the push stands (at the start, or after `, `) followed by `: `; where several could,
+/// the longest wins. Each candidate (the text up to a `: `, within the item) is looked up.
 fn envoy_items(rest: &str, resources: &Resources) -> Vec<Rejected> {
-    let names: Vec<String> = resources.iter().map(|r| r.name.into_owned()).collect();
+    let names: std::collections::HashSet<String> =
+        resources.iter().map(|r| r.name.into_owned()).collect();
     let item_at = |at: usize| -> Option<&str> {
         let tail = &rest[at..];
-        (names.iter())
-            .filter(|n| !n.is_empty() && tail.starts_with(n.as_str()))
-            .filter(|n| tail[n.len()..].starts_with(": "))
-            .max_by_key(|n| n.len())
-            .map(String::as_str)
+        let end = tail.find(", ").unwrap_or(tail.len());
+        let mut found = None;
+        let mut from = 0;
+        while let Some(i) = tail[from..end].find(": ") {
+            let candidate = &tail[..from + i];
+            if !candidate.is_empty() && names.contains(candidate) {
+                found = Some(candidate);
+            }
+            from += i + 2;
+        }
+        found
     };
     let mut starts: Vec<(usize, &str)> = Vec::new();
     if let Some(n) = item_at(0) {

@@ -202,11 +202,12 @@ type Each = BTreeMap<String, (Option<String>, u64, Timestamp)>;
 
 /// Folds a Delta `push` into `held` but for the `rejected`.
 fn fold(held: &mut Each, push: &Push, rejected: &[Rejected], at: Timestamp) {
+    let rejected_names = crate::correlate::scope::names(rejected);
     for name in &push.removed {
         held.remove(name);
     }
     for r in push.resources.iter() {
-        if rejected.iter().any(|x| x.name == r.name) {
+        if rejected_names.contains(&*r.name) {
             continue;
         }
         let version = r.version.map(String::from);

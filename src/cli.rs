@@ -238,7 +238,8 @@ pub struct StatusArgs {
     #[arg(long, value_name = "ID")]
     pub node: Option<String>,
     /// List that node's resources one a line (over CSDS): the version whose content it runs,
-    /// how it stands, and its own error; exits 1 when any is NACKED or RECEIVED_ERROR.
+    /// how it stands, and its own error; exits 1 when any is NACKED, RECEIVED_ERROR or
+    /// expired (DOES_NOT_EXIST because its TTL lapsed).
     #[arg(long, requires = "node")]
     pub resources: bool,
     /// Output: table, wide (versions sent/accepted per type) or json.

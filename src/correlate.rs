@@ -106,6 +106,14 @@ pub struct Push {
     pub resent_rejected: u32,
 }
 
+impl Push {
+    /// A heartbeat: bare wrappers only (each refreshes its resource's TTL), nothing removed;
+    /// answered, but no new content.
+    pub fn heartbeat(&self) -> bool {
+        self.resources.all_bare() && self.removed.is_empty()
+    }
+}
+
 /// How a push ended.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(tag = "verdict", rename_all = "kebab-case")]
@@ -403,10 +411,28 @@ impl Subscription {
 
     /// Folds an accepted push into what the client has.
     fn accept(&mut self, api: Api, push: &Arc<Push>) {
+        // A bare wrapper (a heartbeat) carries no content.
         fn digests(p: &Push) -> impl Iterator<Item = (String, u64)> + '_ {
-            p.resources.iter().map(|r| (r.name.into_owned(), r.digest))
+            (p.resources.iter())
+                .filter(|r| !r.bare)
+                .map(|r| (r.name.into_owned(), r.digest))
         }
         match (api, &mut self.accepted) {
+            // Envoy's SotW mux leaves bare wrappers out: under a wildcard they are gone, a
+            // named one keeps what it had.
+            (Api::Sotw, _) if push.resources.has_bare() => {
+                let before = (!self.names.is_empty())
+                    .then(|| self.accepted.as_ref().map(Accepted::digests))
+                    .flatten();
+                let kept = (push.resources.iter())
+                    .filter(|r| r.bare)
+                    .map(|r| {
+                        let had = before.as_ref().and_then(|b| b.get(&*r.name)).copied();
+                        (r.name.into_owned(), had)
+                    })
+                    .collect();
+                self.accepted = Some(Accepted::Except(push.clone(), kept));
+            }
             (Api::Sotw, _) => self.accepted = Some(Accepted::Push(push.clone())),
             (Api::Delta, Some(Accepted::Digests(acc))) => {
                 for n in &push.removed {

@@ -98,6 +98,19 @@ pub struct ResourceRef {
     pub version: Option<String>,
     /// xxh3-64 of the resource's serialized bytes.
     pub digest: u64,
+    /// The wrapper's `ttl`, in milliseconds.
+    pub ttl_ms: Option<u32>,
+    /// A wrapper with no resource inside: a heartbeat (it refreshes the TTL) or, over SotW,
+    /// what Envoy leaves out of the push.
+    pub bare: bool,
+}
+
+/// A resource's TTL and whether it came bare, kept beside its entry only when it has either.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Timed {
+    index: u32,
+    ttl_ms: Option<u32>,
+    bare: bool,
 }
 
 /// A response's resources packed for keeping: a 16-byte entry each, and the names and versions
@@ -120,6 +133,8 @@ pub struct Resources {
     services: Vec<(u32, Box<str>)>,
     /// How many are clusters fed by EDS.
     eds: u32,
+    /// Resources with a TTL or without a body (wrappers), in order.
+    timed: Vec<Timed>,
 }
 
 /// Resources per chunk.
@@ -161,6 +176,12 @@ pub struct Resource<'a> {
     /// A cluster (CDS) that takes its endpoints from EDS.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub eds: bool,
+    /// The wrapper's `ttl`, in milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u32>,
+    /// A wrapper with no resource inside.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub bare: bool,
 }
 
 /// Head and tail lengths `name` shares with `prev`, at most 255 each and never overlapping.
@@ -186,6 +207,34 @@ impl Resources {
     /// Appends one resource.
     pub fn push(&mut self, r: ResourceRef) {
         self.push_parts(&r.name, r.version.as_deref(), r.digest);
+        self.mark_timed(r.ttl_ms, r.bare);
+    }
+
+    /// Gives the last resource pushed its TTL, and marks it bare (a wrapper with no body).
+    pub fn mark_timed(&mut self, ttl_ms: Option<u32>, bare: bool) {
+        if (ttl_ms.is_some() || bare) && self.len > 0 {
+            let index = (self.len - 1) as u32;
+            self.timed.push(Timed {
+                index,
+                ttl_ms,
+                bare,
+            });
+        }
+    }
+
+    /// Whether any came bare: a heartbeat, or a SotW push Envoy reads without them.
+    pub fn has_bare(&self) -> bool {
+        self.timed.iter().any(|t| t.bare)
+    }
+
+    /// Whether every one came bare (and there is one): a heartbeat, no new content.
+    pub fn all_bare(&self) -> bool {
+        self.len > 0 && self.timed.iter().filter(|t| t.bare).count() == self.len
+    }
+
+    /// Whether any has a TTL.
+    pub fn has_ttl(&self) -> bool {
+        self.timed.iter().any(|t| t.ttl_ms.is_some())
     }
 
     /// Appends one resource given by its parts.
@@ -283,15 +332,20 @@ impl Resources {
                 .unwrap_or_else(|| chunk.name_bytes(restart));
             whole = Some(chunk.decode(k, prev));
         }
-        Some(chunk.resource(j, whole))
+        let mut r = chunk.resource(j, whole);
+        if let Ok(k) = self.timed.binary_search_by_key(&(i as u32), |t| t.index) {
+            (r.ttl_ms, r.bare) = (self.timed[k].ttl_ms, self.timed[k].bare);
+        }
+        Some(r)
     }
 
     /// The resources in order.
     pub fn iter(&self) -> impl Iterator<Item = Resource<'_>> + '_ {
         let mut prev: Vec<u8> = Vec::new();
+        let mut timed = self.timed.iter().peekable();
         (0..self.len).map(move |i| {
             let (chunk, j) = (&self.chunks[i / CHUNK], i % CHUNK);
-            if j.is_multiple_of(RESTART) {
+            let mut r = if j.is_multiple_of(RESTART) {
                 prev.clear();
                 prev.extend_from_slice(chunk.name_bytes(j));
                 chunk.resource(j, None)
@@ -300,7 +354,11 @@ impl Resources {
                 prev.clear();
                 prev.extend_from_slice(&name);
                 chunk.resource(j, Some(name))
+            };
+            if let Some(t) = timed.next_if(|t| t.index == i as u32) {
+                (r.ttl_ms, r.bare) = (t.ttl_ms, t.bare);
             }
+            r
         })
     }
 
@@ -311,6 +369,7 @@ impl Resources {
             && self.eds == other.eds
             && self.chunks == other.chunks
             && self.services == other.services
+            && self.timed == other.timed
     }
 
     /// A digest of what [`Resources::same_as`] compares, to find equal sets fast.
@@ -329,6 +388,11 @@ impl Resources {
             h.update(&i.to_le_bytes());
             h.update(s.as_bytes());
         }
+        for t in &self.timed {
+            h.update(&t.index.to_le_bytes());
+            h.update(&t.ttl_ms.map_or(u64::MAX, u64::from).to_le_bytes());
+            h.update(&[t.bare as u8]);
+        }
         h.digest()
     }
 
@@ -339,6 +403,7 @@ impl Resources {
             c.entries.shrink_to_fit();
         }
         self.chunks.shrink_to_fit();
+        self.timed.shrink_to_fit();
         self.last = String::new();
     }
 }
@@ -382,6 +447,8 @@ impl Chunk {
                 .then(|| std::str::from_utf8(&self.text[name_end..version_end]).unwrap_or("")),
             eds: e.version_end & EDS_CLUSTER != 0,
             digest: e.digest,
+            ttl_ms: None,
+            bare: false,
         }
     }
 }
@@ -393,6 +460,7 @@ impl PartialEq for Resources {
             && self.chunks == other.chunks
             && self.services == other.services
             && self.eds == other.eds
+            && self.timed == other.timed
     }
 }
 
@@ -676,6 +744,7 @@ mod tests {
                 name: x.name.into_owned(),
                 version: x.version.map(String::from),
                 digest: x.digest,
+                ..Default::default()
             })
             .collect()
     }
@@ -687,21 +756,25 @@ mod tests {
                 name: "a".into(),
                 version: None,
                 digest: 1,
+                ..Default::default()
             },
             ResourceRef {
                 name: String::new(),
                 version: Some("v7".into()),
                 digest: 2,
+                ..Default::default()
             },
             ResourceRef {
                 name: "ü-cluster".into(),
                 version: Some("9".into()),
                 digest: 3,
+                ..Default::default()
             },
             ResourceRef {
                 name: "b".into(),
                 version: None,
                 digest: u64::MAX,
+                ..Default::default()
             },
         ];
         let r: Resources = input.iter().cloned().collect();
@@ -720,6 +793,7 @@ mod tests {
                 name: format!("c{i}"),
                 version: (i % 3 == 0).then(|| i.to_string()).or(Some(String::new())),
                 digest: i,
+                ..Default::default()
             })
             .collect();
         assert_eq!(many.len(), 5000);
@@ -756,6 +830,7 @@ mod tests {
                         _ => Some("€".into()),
                     },
                     digest: i as u64 * 31,
+                    ..Default::default()
                 })
                 .collect();
             let r: Resources = input.iter().cloned().collect();
@@ -782,6 +857,7 @@ mod tests {
                     name: format!("outbound|8080||svc-{i}.bench.svc.cluster.local"),
                     version: None,
                     digest: 0,
+                    ..Default::default()
                 })
                 .collect::<Resources>()
         };

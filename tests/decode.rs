@@ -364,3 +364,80 @@ fn resource_errors_in_both_apis() {
         }
     }
 }
+
+/// A `Resource` wrapper's `ttl` (field 6) and whether it holds a resource at all (a bare
+/// wrapper is a heartbeat), in Delta and in a SotW `Any`, at every split.
+#[test]
+fn wrapper_ttls_and_heartbeats_in_both_apis() {
+    use envoy_types::pb::google::protobuf::{Any, Duration as PbDuration};
+    let cluster = |name: &str| Any {
+        type_url: CDS.into(),
+        value: envoy_types::pb::envoy::config::cluster::v3::Cluster {
+            name: name.into(),
+            ..Default::default()
+        }
+        .encode_to_vec(),
+    };
+    let wrappers = vec![
+        Resource {
+            name: "timed".into(),
+            version: "1".into(),
+            resource: Some(cluster("timed")),
+            ttl: Some(PbDuration {
+                seconds: 1,
+                nanos: 500_000_000,
+            }),
+            ..Default::default()
+        },
+        Resource {
+            name: "beat".into(),
+            version: "1".into(),
+            ttl: Some(PbDuration {
+                seconds: 2,
+                nanos: 0,
+            }),
+            ..Default::default()
+        },
+        Resource {
+            name: "plain".into(),
+            version: "1".into(),
+            resource: Some(cluster("plain")),
+            ..Default::default()
+        },
+    ];
+    let sotw = DiscoveryResponse {
+        resources: (wrappers.iter())
+            .map(|w| Any {
+                type_url: "type.googleapis.com/envoy.service.discovery.v3.Resource".into(),
+                value: w.encode_to_vec(),
+            })
+            .collect(),
+        ..sotw_response()
+    }
+    .encode_to_vec();
+    let delta = DeltaDiscoveryResponse {
+        type_url: CDS.into(),
+        nonce: "d1".into(),
+        resources: wrappers,
+        ..Default::default()
+    }
+    .encode_to_vec();
+    for (api, bytes) in [(Api::Sotw, sotw), (Api::Delta, delta)] {
+        for cut in 0..=bytes.len() {
+            let Message::Response(r) = scan_split(Kind::Response(api), &bytes, cut) else {
+                panic!()
+            };
+            let seen: Vec<(String, Option<u32>, bool)> = (r.resources.iter())
+                .map(|x| (x.name.to_string(), x.ttl_ms, x.bare))
+                .collect();
+            let want = [
+                ("timed".to_string(), Some(1500), false),
+                ("beat".to_string(), Some(2000), true),
+                ("plain".to_string(), None, false),
+            ];
+            assert_eq!(seen, want, "{api:?} cut at {cut}");
+            assert_eq!(r.resources.get(1).map(|x| x.bare), Some(true));
+            assert!(!r.resources.all_bare() && r.resources.has_ttl());
+        }
+    }
+}

@@ -112,6 +112,9 @@ fn client_config(n: NodeResources) -> csds::ClientConfig {
                 ClientStatus::Nacked => csds::ClientResourceStatus::Nacked,
                 ClientStatus::Requested => csds::ClientResourceStatus::Requested,
                 ClientStatus::ReceivedError => csds::ClientResourceStatus::ReceivedError,
+                ClientStatus::DoesNotExist | ClientStatus::Expired => {
+                    csds::ClientResourceStatus::DoesNotExist
+                }
             } as i32,
             error_state: r
                 .error

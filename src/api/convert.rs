@@ -98,6 +98,7 @@ fn type_to(t: TypeStatus) -> tap::TypeStatus {
         unanswered: t.unanswered,
         nonce_reuses: t.nonce_reuses,
         rejected_resends: t.rejected_resends,
+        heartbeats: t.heartbeats,
         resource_errors: (t.resource_errors.into_iter())
             .map(|e| tap::ResourceError {
                 name: e.name,
@@ -142,6 +143,7 @@ fn type_from(t: tap::TypeStatus) -> TypeStatus {
         unanswered: t.unanswered,
         nonce_reuses: t.nonce_reuses,
         rejected_resends: t.rejected_resends,
+        heartbeats: t.heartbeats,
         resource_errors: (t.resource_errors.into_iter())
             .map(|e| ResourceErrorInfo {
                 name: e.name,
@@ -312,6 +314,7 @@ mod tests {
                     unanswered: 5,
                     nonce_reuses: 6,
                     rejected_resends: 5,
+                    heartbeats: 7,
                     resource_errors: vec![ResourceErrorInfo {
                         name: "x".into(),
                         code: 5,

@@ -35,8 +35,12 @@ fn run_resources(admin: &str, node: &str, output: super::Output) -> ExitCode {
         eprintln!("xdstap status: the tap knows no resources of node {node:?}");
         return ExitCode::from(1);
     }
-    let bad =
-        |r: &serde_json::Value| matches!(r["client"].as_str(), Some("NACKED" | "RECEIVED_ERROR"));
+    // DOES_NOT_EXIST with an error: its TTL lapsed, the client dropped it.
+    let bad = |r: &serde_json::Value| match r["client"].as_str() {
+        Some("NACKED" | "RECEIVED_ERROR") => true,
+        Some("DOES_NOT_EXIST") => r["error"].as_str().is_some_and(|e| !e.is_empty()),
+        _ => false,
+    };
     let problems = rows.iter().any(bad);
     output.print(&ResourceRows(rows), render_resources);
     ExitCode::from(u8::from(problems))

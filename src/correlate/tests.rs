@@ -37,6 +37,7 @@ fn resp(type_url: &str, version: &str, nonce: &str, resources: &[(&str, u64)]) -
                 name: n.to_string(),
                 version: None,
                 digest: *d,
+                ..Default::default()
             })
             .collect(),
         ..Default::default()

@@ -15,7 +15,7 @@ use crate::correlate::{Event, Push, Timestamp, Verdict};
 use crate::xds::{short_type, Api};
 
 pub mod resources;
-use resources::{CpErrors, Held, Unsettled};
+use resources::{CpErrors, Held, Ttls, Unsettled};
 
 /// How the board ages entries.
 #[derive(Clone, Debug)]
@@ -135,6 +135,9 @@ pub struct TypeStatus {
     /// Pushes of content the client had just NACKed, sent again (the control plane loops).
     #[serde(default)]
     pub rejected_resends: u64,
+    /// Heartbeats answered (pushes of bare wrappers that refresh TTLs; not counted as pushes).
+    #[serde(default)]
+    pub heartbeats: u64,
     /// The current NACK, when NACKED.
     pub nack: Option<NackInfo>,
     /// Whether the client asked for this type (pushes can come unasked).
@@ -283,6 +286,12 @@ struct TypeEntry {
     api: Option<Api>,
     /// The control plane's `resource_errors`, each until the resource arrives.
     cp_errors: CpErrors,
+    /// The TTL clocks of what the node runs (resources pushed with a TTL).
+    ttls: Ttls,
+    /// Delta: names asked for that the control plane removed (it has none).
+    absent: Vec<String>,
+    /// Heartbeats answered: pushes of bare wrappers only, no new content.
+    heartbeats: u64,
 }
 
 impl TypeEntry {
@@ -306,6 +315,8 @@ impl TypeEntry {
             {
                 self.version_accepted = Some(version.clone());
             }
+            // A heartbeat is no push: it changes no content, and only its answer counts.
+            Event::Push { push, .. } if push.heartbeat() => {}
             Event::Push { push, .. } => {
                 self.unsettled = Some(Unsettled::new(push.clone()));
                 self.pushes += 1;
@@ -354,6 +365,13 @@ impl TypeEntry {
         decided_at: Timestamp,
         client_version: Option<&str>,
     ) {
+        if push.heartbeat() {
+            if *verdict == Verdict::Ack {
+                self.heartbeats += 1;
+                resources::on_verdict(self, api, push, verdict, decided_at);
+            }
+            return;
+        }
         if self.pending.as_ref().is_some_and(|(n, _)| *n == push.nonce) {
             self.pending = None;
         }
@@ -650,6 +668,7 @@ fn type_status(url: &str, t: &TypeEntry, now: Timestamp, stale: u64) -> TypeStat
         unanswered: t.unanswered,
         nonce_reuses: t.nonce_reuses,
         rejected_resends: t.rejected_resends,
+        heartbeats: t.heartbeats,
         resource_errors: (t.cp_errors.0.iter().take(NAMES_CAP))
             .map(|(name, code, message, at)| ResourceErrorInfo {
                 name: name.clone(),
@@ -715,6 +734,7 @@ mod tests {
                     name: n.to_string(),
                     version: None,
                     digest: n.len() as u64 + version.len() as u64,
+                    ..Default::default()
                 })
                 .collect(),
             ..Default::default()
@@ -962,5 +982,81 @@ mod tests {
         c.on_request(named(None, "v1", "1", &many), 5 * S, &mut e);
         feed(&board, std::mem::take(&mut e));
         assert_eq!(seen(&board), [s("a", K::Synced, C::Acked)]);
+    }
+
+    /// Delta: a removal of a name the client asks for reads DOES_NOT_EXIST until a push
+    /// carries it; a heartbeat (a bare wrapper) keeps the content and counts as no push.
+    #[test]
+    fn delta_removal_of_a_name_asked_for_does_not_exist_and_heartbeats_change_nothing() {
+        use resources::{ClientStatus as C, ConfigStatus as K};
+        let board = StatusBoard::new(StatusSettings::default());
+        let mut c = Correlator::new(
+            Api::Delta,
+            StreamContext {
+                stream_id: 1,
+                api: Some(Api::Delta),
+                ..Default::default()
+            },
+        );
+        let mut e = Vec::new();
+        let seen = |board: &StatusBoard, now| -> Vec<(String, String, K, C)> {
+            (board.resources_at(now, |_| true)[0].resources.iter())
+                .map(|r| (r.name.clone(), r.version.clone(), r.config, r.client))
+                .collect()
+        };
+        let s = |n: &str, v: &str, k, c| (n.to_string(), v.to_string(), k, c);
+        let subscribe = Request {
+            resource_names: vec!["a".into(), "x".into()],
+            ..req(Some("n1"), "", "", None)
+        };
+        c.on_request(subscribe, S, &mut e);
+        let wrapper = |name: &str, version: &str, digest: u64, bare: bool| ResourceRef {
+            name: name.into(),
+            version: Some(version.into()),
+            digest,
+            ttl_ms: Some(2000),
+            bare,
+        };
+        let push = |nonce: &str, resources: Vec<ResourceRef>, removed: &[&str]| Response {
+            type_url: CDS.into(),
+            nonce: nonce.into(),
+            resources: resources.into_iter().collect(),
+            removed: removed.iter().map(|n| n.to_string()).collect(),
+            ..Default::default()
+        };
+        c.on_response(
+            push("1", vec![wrapper("a", "1", 7, false)], &["x"]),
+            2 * S,
+            &mut e,
+        );
+        c.on_request(req(None, "", "1", None), 3 * S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        assert_eq!(
+            seen(&board, 3 * S),
+            [
+                s("a", "1", K::Synced, C::Acked),
+                s("x", "", K::Synced, C::DoesNotExist)
+            ]
+        );
+        // Its TTL of 2 s lapses at 4 s, but for a heartbeat at 3 s: no push, the same content.
+        c.on_response(
+            push("2", vec![wrapper("a", "1", 0, true)], &[]),
+            3 * S,
+            &mut e,
+        );
+        c.on_request(req(None, "", "2", None), 3 * S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        let t = cds(&board, "n1", 4 * S);
+        assert_eq!((t.pushes, t.heartbeats, t.acks), (1, 1, 1));
+        assert_eq!(seen(&board, 4 * S)[0], s("a", "1", K::Synced, C::Acked));
+        assert_eq!(seen(&board, 5 * S)[0], s("a", "1", K::Synced, C::Expired));
+        c.on_response(
+            push("3", vec![wrapper("x", "3", 9, false)], &[]),
+            6 * S,
+            &mut e,
+        );
+        c.on_request(req(None, "", "3", None), 6 * S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        assert_eq!(seen(&board, 6 * S)[1], s("x", "3", K::Synced, C::Acked));
     }
 }

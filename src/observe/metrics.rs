@@ -59,6 +59,10 @@ impl PushMetrics {
             ..
         } = event
         {
+            // A heartbeat's answer is no push's latency.
+            if push.heartbeat() {
+                return;
+            }
             let labels = PushLabels {
                 r#type: short_type(&push.type_url).to_string(),
                 verdict: verdict.name(),

@@ -319,7 +319,8 @@ impl Book {
         let Event::Push { at, push } = event else {
             return;
         };
-        if push.version.is_empty() {
+        // A heartbeat carries no new content: it counts as no push of its version.
+        if push.version.is_empty() || push.heartbeat() {
             return;
         }
         let node = self.intern(&node_id(event), settings.max_nodes.saturating_mul(2));
@@ -370,6 +371,9 @@ impl Book {
         else {
             return;
         };
+        if push.heartbeat() {
+            return;
+        }
         let node = self.intern(&node_id(event), settings.max_nodes.saturating_mul(2));
         let running = match verdict {
             Verdict::Ack => Some(push.version.as_str()),

@@ -421,6 +421,10 @@ impl SpanSink {
         else {
             return None;
         };
+        // A heartbeat every few seconds per node is no config change to trace.
+        if push.heartbeat() {
+            return None;
+        }
         let r = VerdictRecord::from_event(event)?;
         let (attributes, answer, status) = describe(&r);
         let mut events = SpanEvents::default();

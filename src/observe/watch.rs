@@ -34,6 +34,11 @@ impl Watchers {
 
 /// The events a watcher can see.
 pub fn watched(event: &Event) -> bool {
+    if let Event::Verdict { push, .. } = event {
+        if push.heartbeat() {
+            return false;
+        }
+    }
     matches!(
         event,
         Event::Verdict { .. }

@@ -102,6 +102,8 @@ enum Msg {
     BuildVersion,
     /// Its `SemanticVersion`: major, minor, patch varints.
     SemVer,
+    /// A wrapper's `ttl` (`google.protobuf.Duration`: seconds 1, nanos 2).
+    Ttl,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -187,6 +189,8 @@ pub struct Scanner {
     map_key: String,
     map_value: String,
     semver: [u64; 3],
+    /// The current wrapper's TTL: seconds, nanos.
+    ttl: [u64; 2],
     /// The current resource is a Cluster; it takes its endpoints from EDS, under this service
     /// name when it gives one.
     cluster: bool,
@@ -229,6 +233,7 @@ impl Scanner {
             map_key: String::new(),
             map_value: String::new(),
             semver: [0; 3],
+            ttl: [0; 2],
             cluster: false,
             cluster_eds: false,
             eds_service: String::new(),
@@ -359,6 +364,9 @@ impl Scanner {
                 if self.top() == Msg::SemVer && (1..=3).contains(&field) {
                     self.semver[field as usize - 1] = v;
                 }
+                if self.top() == Msg::Ttl && (1..=2).contains(&field) {
+                    self.ttl[field as usize - 1] = v;
+                }
                 if self.top() == Msg::Body && self.cluster && field == 2 {
                     self.cluster_eds = v == DISCOVERY_TYPE_EDS;
                 }
@@ -436,6 +444,7 @@ impl Scanner {
             (Msg::Wrapper, 1) => C(Slot::WrapperVersion),
             (Msg::Wrapper, 2) => D(Msg::InnerAny),
             (Msg::Wrapper, 3) => C(Slot::WrapperName),
+            (Msg::Wrapper, 6) => D(Msg::Ttl),
             (Msg::Body, 1) => C(Slot::BodyName),
             (Msg::Body, 3) if self.cluster => D(Msg::EdsConfig),
             (Msg::EdsConfig, 2) => C(Slot::EdsService),
@@ -464,8 +473,21 @@ impl Scanner {
                 self.any_type.clear();
                 self.current = Some(self.fresh_resource());
             }
-            Msg::Wrapper if self.current.is_none() => self.current = Some(self.fresh_resource()),
-            Msg::InnerAny => self.any_type.clear(),
+            Msg::Wrapper => {
+                let r = match self.current.take() {
+                    Some(r) => r,
+                    None => self.fresh_resource(),
+                };
+                // Bare until its resource (field 2) shows.
+                self.current = Some(ResourceRef { bare: true, ..r });
+            }
+            Msg::InnerAny => {
+                self.any_type.clear();
+                if let Some(r) = self.current.as_mut() {
+                    r.bare = false;
+                }
+            }
+            Msg::Ttl => self.ttl = [0; 2],
             Msg::Body => {
                 self.body = BodyHash::Off;
                 self.cluster = self.any_type == super::CLUSTER;
@@ -488,6 +510,15 @@ impl Scanner {
 
     fn end(&mut self, msg: Msg) {
         match msg {
+            Msg::Ttl => {
+                let [seconds, nanos] = self.ttl;
+                let ms = seconds
+                    .saturating_mul(1000)
+                    .saturating_add(nanos / 1_000_000);
+                if let Some(r) = self.current.as_mut() {
+                    r.ttl_ms = Some(ms.min(u64::from(u32::MAX)) as u32);
+                }
+            }
             Msg::SemVer => {
                 let [major, minor, patch] = self.semver;
                 let node = self.node.get_or_insert_with(Default::default);
@@ -514,6 +545,7 @@ impl Scanner {
                         if self.cluster_eds {
                             self.resp.resources.mark_eds(Some(&self.eds_service));
                         }
+                        self.resp.resources.mark_timed(r.ttl_ms, r.bare);
                         self.spare_name = r.name;
                     }
                 }

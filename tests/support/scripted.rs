@@ -1,4 +1,4 @@
-//! A scripted SotW ADS control plane (tonic + envoy-types) for tests that decide exactly what is
+//! A scripted ADS control plane (SotW and Delta) (tonic + envoy-types) for tests that decide exactly what is
 //! sent when: it answers each type's first request with a response the test set, and on
 //! command writes a list of responses to every open stream at once, before it reads any
 //! request. It records every request and response with their stream.
@@ -11,7 +11,7 @@ use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
 use envoy_types::pb::envoy::service::discovery::v3::{
-    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Resource,
 };
 use envoy_types::pb::google::protobuf::Any;
 use tokio::sync::mpsc;
@@ -31,7 +31,9 @@ pub struct Answer {
 #[derive(Default)]
 struct Inner {
     first: HashMap<String, DiscoveryResponse>,
+    first_delta: HashMap<String, DeltaDiscoveryResponse>,
     streams: Vec<mpsc::Sender<Vec<DiscoveryResponse>>>,
+    delta_streams: Vec<mpsc::Sender<Vec<DeltaDiscoveryResponse>>>,
     requests: Vec<Answer>,
     sent: Vec<DiscoveryResponse>,
     next_stream: u64,
@@ -58,6 +60,22 @@ pub fn response(
     }
 }
 
+/// A Delta response of `resources` (wrappers) and `removed` names.
+pub fn delta_response(
+    type_url: &str,
+    nonce: &str,
+    resources: Vec<Resource>,
+    removed: &[&str],
+) -> DeltaDiscoveryResponse {
+    DeltaDiscoveryResponse {
+        resources,
+        type_url: type_url.into(),
+        nonce: nonce.into(),
+        removed_resources: removed.iter().map(|n| n.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 impl Scripted {
@@ -65,6 +83,22 @@ impl Scripted {
     pub fn on_first(&self, response: DiscoveryResponse) {
         let mut inner = self.inner.lock().unwrap();
         inner.first.insert(response.type_url.clone(), response);
+    }
+
+    /// Answers the first Delta request of `response.type_url` on each stream with `response`.
+    pub fn on_first_delta(&self, response: DeltaDiscoveryResponse) {
+        let mut inner = self.inner.lock().unwrap();
+        inner
+            .first_delta
+            .insert(response.type_url.clone(), response);
+    }
+
+    /// Writes `responses` to every open Delta stream.
+    pub async fn send_delta(&self, responses: Vec<DeltaDiscoveryResponse>) {
+        let streams = self.inner.lock().unwrap().delta_streams.clone();
+        for tx in streams {
+            let _ = tx.send(responses.clone()).await;
+        }
     }
 
     /// Serves on `listener`.
@@ -106,13 +140,13 @@ impl Scripted {
 
 /// The responses of one [`Scripted::send`] come out of this stream all ready at once, so the
 /// gRPC encoder takes them into one write.
-struct Batches {
-    rx: mpsc::Receiver<Vec<DiscoveryResponse>>,
-    ready: std::collections::VecDeque<DiscoveryResponse>,
+struct Batches<T> {
+    rx: mpsc::Receiver<Vec<T>>,
+    ready: std::collections::VecDeque<T>,
 }
 
-impl Stream for Batches {
-    type Item = Result<DiscoveryResponse, Status>;
+impl<T: Unpin> Stream for Batches<T> {
+    type Item = Result<T, Status>;
     fn poll_next(
         mut self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
@@ -182,8 +216,44 @@ impl AggregatedDiscoveryService for Scripted {
 
     async fn delta_aggregated_resources(
         &self,
-        _request: Request<Streaming<DeltaDiscoveryRequest>>,
+        request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        Err(Status::unimplemented("SotW only"))
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(64);
+        let stream = {
+            let mut inner = self.inner.lock().unwrap();
+            inner.next_stream += 1;
+            inner.delta_streams.push(tx.clone());
+            inner.next_stream
+        };
+        let cp = self.clone();
+        tokio::spawn(async move {
+            let mut seen: Vec<String> = Vec::new();
+            while let Some(Ok(req)) = inbound.next().await {
+                let first = {
+                    let mut inner = cp.inner.lock().unwrap();
+                    inner.requests.push(Answer {
+                        stream,
+                        type_url: req.type_url.clone(),
+                        version_info: String::new(),
+                        response_nonce: req.response_nonce.clone(),
+                        error: req.error_detail.as_ref().map(|e| e.message.clone()),
+                    });
+                    if seen.contains(&req.type_url) {
+                        None
+                    } else {
+                        seen.push(req.type_url.clone());
+                        inner.first_delta.get(&req.type_url).cloned()
+                    }
+                };
+                if let Some(r) = first {
+                    let _ = tx.send(vec![r]).await;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(Batches {
+            rx,
+            ready: Default::default(),
+        })))
     }
 }

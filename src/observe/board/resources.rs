@@ -46,6 +46,11 @@ pub(super) struct Requested {
 }
 
 impl Requested {
+    /// A wildcard subscription: every resource of the type, none named.
+    fn wildcard(&self) -> bool {
+        self.names.is_empty() && !self.overflow
+    }
+
     pub(super) fn apply(&mut self, event: &Event) {
         let (names, dropped, whole) = match event {
             // A stream's first request names the whole set.
@@ -75,6 +80,47 @@ impl Requested {
                 return;
             }
             self.names.push(n.clone());
+        }
+    }
+}
+
+/// The TTL clocks of the resources a node runs that came with a TTL: name -> (when it lapses,
+/// the TTL in milliseconds). A push that carries the resource with a TTL, or a heartbeat (a
+/// bare wrapper, Delta), starts its clock again; one without a TTL stops it.
+#[derive(Default)]
+pub(super) struct Ttls(BTreeMap<String, (Timestamp, u32)>);
+
+impl Ttls {
+    /// Folds an accepted push (but for the `rejected`) into the clocks.
+    fn on_accepted(&mut self, api: Option<Api>, push: &Push, rejected: &[Rejected]) {
+        if self.0.is_empty() && !push.resources.has_ttl() {
+            return;
+        }
+        let rejected = crate::correlate::scope::names(rejected);
+        let delta = api == Some(Api::Delta);
+        if delta {
+            for name in &push.removed {
+                self.0.remove(name);
+            }
+        } else {
+            // SotW: what the push leaves out is gone.
+            let now: std::collections::HashSet<_> = push.resources.iter().map(|r| r.name).collect();
+            self.0.retain(|n, _| now.contains(n.as_str()));
+        }
+        for r in push.resources.iter() {
+            // Envoy's SotW mux leaves bare wrappers out of the push: their clocks run on.
+            if rejected.contains(&*r.name) || (r.bare && !delta) {
+                continue;
+            }
+            match r.ttl_ms {
+                Some(ms) => {
+                    let lapses = push.at.saturating_add(u64::from(ms) * 1_000_000);
+                    self.0.insert(r.name.into_owned(), (lapses, ms));
+                }
+                None => {
+                    self.0.remove(&*r.name);
+                }
+            }
         }
     }
 }
@@ -129,6 +175,7 @@ pub(super) fn on_verdict(
         .is_some_and(|u| u.push.nonce == push.nonce);
     match verdict {
         Verdict::Ack => {
+            t.ttls.on_accepted(api, push, &[]);
             match (api, &mut t.held) {
                 (Some(Api::Delta), Some(Held::Each(ref mut held))) => {
                     fold(held, push, &[], decided_at)
@@ -138,7 +185,14 @@ pub(super) fn on_verdict(
                     fold(&mut held, push, &[], decided_at);
                     t.held = Some(Held::Each(held));
                 }
+                _ if push.resources.has_bare() => {
+                    let kept = bare_kept(t, push);
+                    t.held = Some(Held::Except(push.clone(), decided_at, kept));
+                }
                 _ => t.held = Some(Held::Push(push.clone(), decided_at)),
+            }
+            if api == Some(Api::Delta) {
+                note_absent(t, push);
             }
             if ours {
                 t.unsettled = None;
@@ -152,6 +206,7 @@ pub(super) fn on_verdict(
             ..
         } => {
             if *scope == Scope::Partial {
+                t.ttls.on_accepted(api, push, rejected);
                 apply_part(t, api, push, rejected, decided_at);
             }
             if let Some(u) = t.unsettled.as_mut().filter(|_| ours) {
@@ -165,6 +220,37 @@ pub(super) fn on_verdict(
             }
         }
         _ => {}
+    }
+}
+
+/// SotW: Envoy's mux leaves a bare wrapper (a heartbeat) out of the push it applies, so under
+/// a wildcard subscription (CDS, LDS) the resource is gone, and a named one keeps what it had.
+fn bare_kept(t: &TypeEntry, push: &Push) -> Vec<(String, Option<Kept>)> {
+    let wildcard = t.requested.wildcard();
+    let before = (!wildcard).then(|| held_resources(t.held.as_ref()));
+    (push.resources.iter())
+        .filter(|r| r.bare)
+        .map(|r| {
+            let had = (before.as_ref())
+                .and_then(|b| b.get(&*r.name))
+                .map(|h| (h.version.clone(), h.digest, h.at));
+            (r.name.into_owned(), had)
+        })
+        .collect()
+}
+
+/// Delta: a removal of a name the client asks for says the resource does not exist; a push
+/// that carries it says it does.
+fn note_absent(t: &mut TypeEntry, push: &Push) {
+    if t.absent.is_empty() && push.removed.is_empty() {
+        return;
+    }
+    let came: std::collections::HashSet<_> = push.resources.iter().map(|r| r.name).collect();
+    t.absent.retain(|n| !came.contains(n.as_str()));
+    for name in &push.removed {
+        if t.requested.names.contains(name) && !t.absent.contains(name) {
+            t.absent.push(name.clone());
+        }
     }
 }
 
@@ -207,7 +293,8 @@ fn fold(held: &mut Each, push: &Push, rejected: &[Rejected], at: Timestamp) {
         held.remove(name);
     }
     for r in push.resources.iter() {
-        if rejected_names.contains(&*r.name) {
+        // A heartbeat changes no content.
+        if r.bare || rejected_names.contains(&*r.name) {
             continue;
         }
         let version = r.version.map(String::from);
@@ -242,6 +329,11 @@ pub enum ClientStatus {
     /// The control plane reported an error for it (`resource_errors`), and has not sent it
     /// since.
     ReceivedError,
+    /// Asked for by name, and the control plane said it has none (a Delta removal).
+    DoesNotExist,
+    /// Its TTL lapsed without a heartbeat: the client dropped it (CSDS: DOES_NOT_EXIST, with
+    /// the lapse in `error_state`).
+    Expired,
 }
 
 /// One resource of one node.
@@ -342,15 +434,48 @@ fn not_sent(url: &str, t: &TypeEntry, had: &BTreeMap<String, Had>, out: &mut Vec
         if had.contains_key(name) || pushed(name) {
             continue;
         }
+        let absent = t.absent.contains(name);
         out.push(ResourceStatus {
             type_url: url.to_string(),
             name: name.clone(),
             version: String::new(),
-            config: ConfigStatus::NotSent,
-            client: ClientStatus::Requested,
+            config: match absent {
+                true => ConfigStatus::Synced,
+                false => ConfigStatus::NotSent,
+            },
+            client: match absent {
+                true => ClientStatus::DoesNotExist,
+                false => ClientStatus::Requested,
+            },
             last_updated: t.subscribed_at.unwrap_or(0),
             error: None,
         });
+    }
+}
+
+/// Resources whose TTL lapsed by `now` without a heartbeat: the client dropped them.
+fn expired(t: &TypeEntry, start: usize, now: Timestamp, out: &mut [ResourceStatus]) {
+    if t.ttls.0.is_empty() {
+        return;
+    }
+    for r in out[start..].iter_mut() {
+        let Some(&(lapsed, ms)) = t.ttls.0.get(&r.name) else {
+            continue;
+        };
+        if lapsed <= now && r.client == ClientStatus::Acked {
+            r.client = ClientStatus::Expired;
+            r.last_updated = lapsed;
+            let message = format!("its TTL of {} lapsed without a heartbeat", ttl_text(ms));
+            r.error = Some((message, r.version.clone(), lapsed));
+        }
+    }
+}
+
+/// A TTL as Envoy writes durations: `2s`, `1.5s`.
+fn ttl_text(ms: u32) -> String {
+    match ms % 1000 {
+        0 => format!("{}s", ms / 1000),
+        _ => format!("{}s", f64::from(ms) / 1000.0),
     }
 }
 
@@ -380,9 +505,10 @@ fn cp_errors(url: &str, t: &TypeEntry, start: usize, out: &mut Vec<ResourceStatu
 }
 
 /// Every resource of one type of one node.
-fn type_resources(url: &str, t: &TypeEntry, out: &mut Vec<ResourceStatus>) {
+fn type_resources(url: &str, t: &TypeEntry, now: Timestamp, out: &mut Vec<ResourceStatus>) {
     let start = out.len();
     type_resources_held(url, t, out);
+    expired(t, start, now, out);
     cp_errors(url, t, start, out);
 }
 
@@ -476,13 +602,22 @@ fn type_resources_held(url: &str, t: &TypeEntry, out: &mut Vec<ResourceStatus>) 
 impl StatusBoard {
     /// The resources of every node whose id `wanted` accepts, by node id.
     pub fn resources(&self, wanted: impl Fn(&str) -> bool) -> Vec<NodeResources> {
+        self.resources_at(crate::observe::now(), wanted)
+    }
+
+    /// The same, with TTLs judged at `now`.
+    pub(crate) fn resources_at(
+        &self,
+        now: Timestamp,
+        wanted: impl Fn(&str) -> bool,
+    ) -> Vec<NodeResources> {
         let board = self.lock();
         let mut nodes: Vec<NodeResources> = (board.nodes.iter())
             .filter(|(id, _)| wanted(id))
             .map(|(id, n)| {
                 let mut resources = Vec::new();
                 for (url, t) in &n.types {
-                    type_resources(url, t, &mut resources);
+                    type_resources(url, t, now, &mut resources);
                 }
                 NodeResources {
                     id: id.clone(),

@@ -33,6 +33,7 @@ fn resp(type_url: &str, version: &str, nonce: &str, names: &[&str]) -> Response 
                 name: n.to_string(),
                 version: None,
                 digest: n.len() as u64 + version.len() as u64,
+                ..Default::default()
             })
             .collect(),
         ..Default::default()

@@ -6,9 +6,15 @@
 //! config_dump (not by Envoy's version labels); `/status` tells a partial NACK from a whole one
 //! and names what was rejected and what applied. The same for listeners: a valid change to
 //! `l1` lands while `l2`, with two identical filter chains, is rejected. A control plane that
-//! pushes rejected content again and again is counted as a resend loop.
+//! pushes rejected content again and again is counted as a resend loop. `nack_forms`: EDS and
+//! RDS add-time errors, whose scope is unknown; `ttl`: TTLs and heartbeats.
 
 mod support;
+
+#[path = "partial/nack_forms.rs"]
+mod nack_forms;
+#[path = "partial/ttl.rs"]
+mod ttl;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -115,6 +115,7 @@ fn client_config(n: NodeResources) -> csds::ClientConfig {
                 ClientStatus::DoesNotExist | ClientStatus::Expired => {
                     csds::ClientResourceStatus::DoesNotExist
                 }
+                ClientStatus::Unknown => csds::ClientResourceStatus::Unknown,
             } as i32,
             error_state: r
                 .error

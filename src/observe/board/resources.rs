@@ -334,6 +334,9 @@ pub enum ClientStatus {
     /// Its TTL lapsed without a heartbeat: the client dropped it (CSDS: DOES_NOT_EXIST, with
     /// the lapse in `error_state`).
     Expired,
+    /// Changed by a push the client NACKed without saying what of it landed, and not named in
+    /// the message: it may run either content (CSDS: UNKNOWN).
+    Unknown,
 }
 
 /// One resource of one node.
@@ -546,11 +549,16 @@ fn type_resources_held(url: &str, t: &TypeEntry, out: &mut Vec<ResourceStatus>) 
         Some(n) => n.suspects.is_empty() || n.suspects.iter().any(|s| s == name),
         None => false,
     };
+    // Scope unknown: only what the message names is known to be rejected.
+    let unknown = |name: &str| {
+        (u.nack.as_ref()).is_some_and(|n| n.scope == Scope::Unknown && !n.message.contains(name))
+    };
     let unsettled = |name: String, before: Option<&Had>| ResourceStatus {
         type_url: url.to_string(),
         version: before.map(|h| h.version.clone()).unwrap_or_default(),
         config,
         client: match before {
+            _ if unknown(&name) => ClientStatus::Unknown,
             _ if named(&name) => ClientStatus::Nacked,
             Some(_) => ClientStatus::Acked,
             None => ClientStatus::Requested,

@@ -6,21 +6,20 @@
 //! 1.40 leaves a bare wrapper out of the push it applies, so a heartbeat of a cluster under the
 //! wildcard CDS subscription removes it: the tap says so too, by Envoy's config_dump.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use crate::support;
+use crate::support::csds;
+use crate::support::envoy::{Envoy, Xds};
+use crate::support::resources::{static_cluster, CDS, LDS};
+use crate::support::scripted::{delta_response, response, Scripted};
+use crate::support::tap::{TapOptions, XdsTap};
 use envoy_types::pb::envoy::admin::v3::ClientResourceStatus;
 use envoy_types::pb::envoy::service::discovery::v3::Resource;
 use envoy_types::pb::google::protobuf::{Any, Duration as PbDuration};
 use prost::Message;
 use serde_json::Value;
-use support::csds;
-use support::envoy::{Envoy, Xds};
-use support::resources::{static_cluster, CDS, LDS};
-use support::scripted::{delta_response, response, Scripted};
-use support::tap::{TapOptions, XdsTap};
 
 /// A `Resource` wrapper: `body` none is a heartbeat.
 fn wrapper(name: &str, version: &str, body: Option<Any>, ttl_ms: Option<i64>) -> Resource {

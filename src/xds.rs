@@ -105,6 +105,25 @@ pub struct ResourceRef {
     pub bare: bool,
 }
 
+/// What a listener needs before it can serve (it warms until they come).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub enum Needs {
+    /// A route configuration (RDS) its HTTP connection manager names.
+    Routes,
+    /// A secret (SDS) its TLS context names.
+    Secret,
+}
+
+impl Needs {
+    /// The type URL of what is needed.
+    pub fn type_url(self) -> &'static str {
+        match self {
+            Needs::Routes => ROUTES,
+            Needs::Secret => SECRET,
+        }
+    }
+}
+
 /// A resource's TTL and whether it came bare, kept beside its entry only when it has either.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Timed {
@@ -135,6 +154,8 @@ pub struct Resources {
     eds: u32,
     /// Resources with a TTL or without a body (wrappers), in order.
     timed: Vec<Timed>,
+    /// Listeners' needs: (index, kind, name), in order.
+    needs: Vec<(u32, Needs, Box<str>)>,
 }
 
 /// Resources per chunk.
@@ -220,6 +241,27 @@ impl Resources {
                 bare,
             });
         }
+    }
+
+    /// Gives the last resource pushed, a listener, what it needs.
+    pub fn mark_needs(&mut self, needs: &[(Needs, String)]) {
+        if self.len > 0 {
+            let index = (self.len - 1) as u32;
+            (self.needs).extend(needs.iter().map(|(k, n)| (index, *k, n.as_str().into())));
+        }
+    }
+
+    /// What resource `i`, a listener, needs: RDS and SDS names.
+    pub fn needs_of(&self, i: usize) -> impl Iterator<Item = (Needs, &str)> + '_ {
+        let start = self.needs.partition_point(|(j, ..)| (*j as usize) < i);
+        (self.needs[start..].iter())
+            .take_while(move |(j, ..)| *j as usize == i)
+            .map(|(_, k, n)| (*k, &**n))
+    }
+
+    /// Whether any listener needs anything.
+    pub fn has_needs(&self) -> bool {
+        !self.needs.is_empty()
     }
 
     /// Whether any came bare: a heartbeat, or a SotW push Envoy reads without them.
@@ -370,6 +412,7 @@ impl Resources {
             && self.chunks == other.chunks
             && self.services == other.services
             && self.timed == other.timed
+            && self.needs == other.needs
     }
 
     /// A digest of what [`Resources::same_as`] compares, to find equal sets fast.
@@ -388,6 +431,11 @@ impl Resources {
             h.update(&i.to_le_bytes());
             h.update(s.as_bytes());
         }
+        for (i, k, n) in &self.needs {
+            h.update(&i.to_le_bytes());
+            h.update(&[*k as u8]);
+            h.update(n.as_bytes());
+        }
         for t in &self.timed {
             h.update(&t.index.to_le_bytes());
             h.update(&t.ttl_ms.map_or(u64::MAX, u64::from).to_le_bytes());
@@ -404,6 +452,7 @@ impl Resources {
         }
         self.chunks.shrink_to_fit();
         self.timed.shrink_to_fit();
+        self.needs.shrink_to_fit();
         self.last = String::new();
     }
 }
@@ -461,6 +510,7 @@ impl PartialEq for Resources {
             && self.services == other.services
             && self.eds == other.eds
             && self.timed == other.timed
+            && self.needs == other.needs
     }
 }
 
@@ -588,6 +638,17 @@ impl Interner {
 
 /// The type URL of clusters (CDS).
 pub const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+/// The type URL of listeners (LDS).
+pub const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+/// The type URL of route configurations (RDS).
+pub const ROUTES: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+/// The type URL of secrets (SDS).
+pub const SECRET: &str = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
+/// An HTTP connection manager, as a listener's network filter.
+pub const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+/// A listener's TLS transport socket.
+pub const DOWNSTREAM_TLS: &str =
+    "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext";
 /// The type URL of endpoints (EDS).
 pub const ENDPOINTS: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
 

@@ -441,3 +441,77 @@ fn wrapper_ttls_and_heartbeats_in_both_apis() {
         }
     }
 }
+
+/// A listener's needs (the RDS name of its HTTP connection manager, the SDS name of its TLS
+/// context), read at every split, in SotW and in a Delta wrapper; digests stay those of each
+/// listener's own bytes.
+#[test]
+fn listener_needs_at_every_split() {
+    use xdstap::xds::Needs;
+    let listeners = [
+        resources::listener("http", "routes-1"),
+        resources::tls_listener("tls", "cert-1", "a"),
+        resources::route("not-a-listener", "a"),
+    ];
+    let sotw = DiscoveryResponse {
+        version_info: "1".into(),
+        type_url: resources::LDS.into(),
+        nonce: "n".into(),
+        resources: listeners.iter().take(2).map(|(_, a)| a.clone()).collect(),
+        ..Default::default()
+    };
+    let delta = DeltaDiscoveryResponse {
+        type_url: resources::LDS.into(),
+        nonce: "d".into(),
+        resources: (listeners.iter().take(2))
+            .map(|(n, a)| Resource {
+                name: n.clone(),
+                version: "1".into(),
+                resource: Some(a.clone()),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let want_digests: Vec<u64> = (listeners.iter().take(2))
+        .map(|(_, a)| xxhash_rust::xxh3::xxh3_64(&a.value))
+        .collect();
+    for (api, bytes) in [
+        (Api::Sotw, sotw.encode_to_vec()),
+        (Api::Delta, delta.encode_to_vec()),
+    ] {
+        for cut in 0..=bytes.len() {
+            let Message::Response(r) = scan_split(Kind::Response(api), &bytes, cut) else {
+                panic!()
+            };
+            let needs: Vec<Vec<(Needs, String)>> = (0..r.resources.len())
+                .map(|i| {
+                    (r.resources.needs_of(i))
+                        .map(|(k, n)| (k, n.to_string()))
+                        .collect()
+                })
+                .collect();
+            assert_eq!(
+                needs,
+                [
+                    vec![(Needs::Routes, "routes-1".to_string())],
+                    vec![(Needs::Secret, "cert-1".to_string())]
+                ],
+                "{api:?} cut at {cut}"
+            );
+            let digests: Vec<u64> = r.resources.iter().map(|x| x.digest).collect();
+            assert_eq!(digests, want_digests, "{api:?} cut at {cut}");
+        }
+    }
+    // A route configuration names nothing a listener needs.
+    let routes = DiscoveryResponse {
+        type_url: resources::RDS.into(),
+        resources: vec![listeners[2].1.clone()],
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let Message::Response(r) = scan_split(Kind::Response(Api::Sotw), &routes, 0) else {
+        panic!()
+    };
+    assert!(!r.resources.has_needs());
+}

@@ -7,7 +7,8 @@
 //! and names what was rejected and what applied. The same for listeners: a valid change to
 //! `l1` lands while `l2`, with two identical filter chains, is rejected. A control plane that
 //! pushes rejected content again and again is counted as a resend loop. `nack_forms`: EDS and
-//! RDS add-time errors, whose scope is unknown; `ttl`: TTLs and heartbeats.
+//! RDS add-time errors, whose scope is unknown; `ttl`: TTLs and heartbeats; `warming`: listeners
+//! that wait for the routes and secrets they name.
 
 mod support;
 
@@ -15,6 +16,8 @@ mod support;
 mod nack_forms;
 #[path = "partial/ttl.rs"]
 mod ttl;
+#[path = "partial/warming.rs"]
+mod warming;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -108,7 +108,7 @@ fn client_config(n: NodeResources) -> csds::ClientConfig {
                 ConfigStatus::Error => csds::ConfigStatus::Error,
             } as i32,
             client_status: match r.client {
-                ClientStatus::Acked => csds::ClientResourceStatus::Acked,
+                ClientStatus::Acked | ClientStatus::Warming => csds::ClientResourceStatus::Acked,
                 ClientStatus::Nacked => csds::ClientResourceStatus::Nacked,
                 ClientStatus::Requested => csds::ClientResourceStatus::Requested,
                 ClientStatus::ReceivedError => csds::ClientResourceStatus::ReceivedError,

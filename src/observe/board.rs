@@ -15,7 +15,7 @@ use crate::correlate::{Event, Push, Timestamp, Verdict};
 use crate::xds::{short_type, Api};
 
 pub mod resources;
-use resources::{CpErrors, Held, Ttls, Unsettled};
+use resources::{CpErrors, Held, ListenerNeeds, Ttls, Unsettled};
 
 /// How the board ages entries.
 #[derive(Clone, Debug)]
@@ -290,6 +290,8 @@ struct TypeEntry {
     ttls: Ttls,
     /// Delta: names asked for that the control plane removed (it has none).
     absent: Vec<String>,
+    /// LDS: what each listener needs (RDS, SDS names).
+    needs: ListenerNeeds,
     /// Heartbeats answered: pushes of bare wrappers only, no new content.
     heartbeats: u64,
 }
@@ -1058,5 +1060,47 @@ mod tests {
         c.on_request(req(None, "", "3", None), 6 * S, &mut e);
         feed(&board, std::mem::take(&mut e));
         assert_eq!(seen(&board, 6 * S)[1], s("x", "3", K::Synced, C::Acked));
+    }
+
+    /// A listener naming routes the node does not run warms for Envoy's initial fetch timeout,
+    /// then serves without them; once the routes come it is ACKED with nothing missing.
+    #[test]
+    fn a_listener_warms_for_its_routes_until_the_initial_fetch_timeout() {
+        use resources::ClientStatus as C;
+        const LDS: &str = crate::xds::LISTENER;
+        let board = StatusBoard::new(StatusSettings::default());
+        let mut c = stream(1);
+        let mut e = Vec::new();
+        let of = |type_url: &str, version: &str, nonce: &str, names: &[&str]| Response {
+            type_url: type_url.into(),
+            ..resp(version, nonce, names)
+        };
+        let ask = |type_url: &str, node, version: &str, nonce: &str| Request {
+            type_url: type_url.into(),
+            ..req(node, version, nonce, None)
+        };
+        c.on_request(ask(LDS, Some("n1"), "", ""), S, &mut e);
+        let mut push = of(LDS, "1", "1", &["l"]);
+        push.resources
+            .mark_needs(&[(crate::xds::Needs::Routes, "r".to_string())]);
+        c.on_response(push, S, &mut e);
+        c.on_request(ask(LDS, None, "1", "1"), S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        let l = |now| {
+            let r = &board.resources_at(now, |_| true)[0].resources[0];
+            (
+                r.client,
+                r.error.as_ref().map(|e| e.0.clone()).unwrap_or_default(),
+            )
+        };
+        assert_eq!(l(5 * S), (C::Warming, "warming: waits for RDS r".into()));
+        let late = "serves without RDS r, not pushed within the 15s initial fetch timeout";
+        assert_eq!(l(17 * S), (C::Acked, late.into()));
+        let routes = crate::xds::ROUTES;
+        c.on_request(ask(routes, None, "", ""), 18 * S, &mut e);
+        c.on_response(of(routes, "1", "2", &["r"]), 18 * S, &mut e);
+        c.on_request(ask(routes, None, "1", "2"), 18 * S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        assert_eq!(l(19 * S), (C::Acked, String::new()));
     }
 }

@@ -18,7 +18,7 @@
 
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
-use super::{Api, ErrorDetail, Message, Node, Request, ResourceRef, Response};
+use super::{Api, ErrorDetail, Message, Needs, Node, Request, ResourceRef, Response};
 
 /// The `type_url` of the `Resource` wrapper, which SotW responses may carry too.
 pub const RESOURCE_WRAPPER: &str = "type.googleapis.com/envoy.service.discovery.v3.Resource";
@@ -28,7 +28,9 @@ const DISCOVERY_TYPE_EDS: u64 = 3;
 
 const MAX_STRING: usize = 4096;
 const MAX_ERROR_MESSAGE: usize = 64 * 1024;
-const MAX_DEPTH: usize = 8;
+const MAX_DEPTH: usize = 16;
+/// What one listener needs (RDS and SDS names), kept at most.
+const MAX_NEEDS: usize = 64;
 /// `resource_errors` kept per response at most.
 const MAX_RESOURCE_ERRORS: usize = 1024;
 
@@ -102,6 +104,28 @@ enum Msg {
     BuildVersion,
     /// Its `SemanticVersion`: major, minor, patch varints.
     SemVer,
+    /// A Listener's filter chain (`filter_chains` 3, `default_filter_chain` 25).
+    FilterChain,
+    /// A network filter of a chain (3).
+    NetFilter,
+    /// A network filter's `typed_config` (4).
+    FilterAny,
+    /// An `HttpConnectionManager` in it.
+    Hcm,
+    /// Its `rds` (3): `route_config_name` 2.
+    Rds,
+    /// A chain's `transport_socket` (6).
+    TransportSocket,
+    /// Its `typed_config` (3).
+    TlsAny,
+    /// A `DownstreamTlsContext` in it.
+    TlsContext,
+    /// Its `common_tls_context` (1).
+    CommonTls,
+    /// `combined_validation_context` (8).
+    Combined,
+    /// An `SdsSecretConfig`: `name` 1.
+    SdsConfig,
     /// A wrapper's `ttl` (`google.protobuf.Duration`: seconds 1, nanos 2).
     Ttl,
 }
@@ -129,6 +153,10 @@ enum Slot {
     RemovedName,
     EdsService,
     ErrorName,
+    /// The type URL of an `Any` inside a listener.
+    DepAnyType,
+    RdsName,
+    SdsName,
 }
 
 enum Action {
@@ -196,6 +224,13 @@ pub struct Scanner {
     cluster: bool,
     cluster_eds: bool,
     eds_service: String,
+    /// The current resource is a Listener; what it needs (RDS and SDS names), and the type of
+    /// the `Any` being read inside it.
+    listener: bool,
+    needs: Vec<(Needs, String)>,
+    dep_any: String,
+    /// The end of the resource body being read, while inside one: its bytes are digested.
+    body_end: Option<u64>,
 }
 
 impl Scanner {
@@ -237,6 +272,10 @@ impl Scanner {
             cluster: false,
             cluster_eds: false,
             eds_service: String::new(),
+            listener: false,
+            needs: Vec::new(),
+            dep_any: String::new(),
+            body_end: None,
         }
     }
 
@@ -267,13 +306,8 @@ impl Scanner {
                 return Err(ScanError::Length);
             }
             let frame_left = top.end - self.pos;
-            // The resource body's end, when inside one (its EDS config is inside it).
-            let body_end = match top.msg {
-                Msg::Body => Some(top.end),
-                Msg::EdsConfig => self.stack.iter().rev().nth(1).map(|f| f.end),
-                _ => None,
-            };
-            if let Some(body_end) = body_end.filter(|_| self.pos >= self.hashed_to) {
+            // The resource body's end, when inside one (at any depth).
+            if let Some(body_end) = self.body_end.filter(|_| self.pos >= self.hashed_to) {
                 // Digest all of the body this slice holds now; parsing it goes on below.
                 let body_left = body_end - self.pos;
                 let n = body_left.min((data.len() - i) as u64) as usize;
@@ -447,6 +481,20 @@ impl Scanner {
             (Msg::Wrapper, 6) => D(Msg::Ttl),
             (Msg::Body, 1) => C(Slot::BodyName),
             (Msg::Body, 3) if self.cluster => D(Msg::EdsConfig),
+            (Msg::Body, 3 | 25) if self.listener => D(Msg::FilterChain),
+            (Msg::FilterChain, 3) => D(Msg::NetFilter),
+            (Msg::FilterChain, 6) => D(Msg::TransportSocket),
+            (Msg::NetFilter, 4) => D(Msg::FilterAny),
+            (Msg::FilterAny | Msg::TlsAny, 1) => C(Slot::DepAnyType),
+            (Msg::FilterAny, 2) if self.dep_any == super::HCM => D(Msg::Hcm),
+            (Msg::Hcm, 3) => D(Msg::Rds),
+            (Msg::Rds, 2) => C(Slot::RdsName),
+            (Msg::TransportSocket, 3) => D(Msg::TlsAny),
+            (Msg::TlsAny, 2) if self.dep_any == super::DOWNSTREAM_TLS => D(Msg::TlsContext),
+            (Msg::TlsContext, 1) => D(Msg::CommonTls),
+            (Msg::CommonTls, 6 | 7) | (Msg::Combined, 2) => D(Msg::SdsConfig),
+            (Msg::CommonTls, 8) => D(Msg::Combined),
+            (Msg::SdsConfig, 1) => C(Slot::SdsName),
             (Msg::EdsConfig, 2) => C(Slot::EdsService),
             (Msg::MapEntry, 1) => C(Slot::MapKey),
             (Msg::MapEntry, 2) => C(Slot::MapValue),
@@ -459,6 +507,7 @@ impl Scanner {
     fn fresh_resource(&mut self) -> ResourceRef {
         self.cluster_eds = false;
         self.eds_service.clear();
+        self.needs.clear();
         let mut name = std::mem::take(&mut self.spare_name);
         name.clear();
         ResourceRef {
@@ -491,7 +540,10 @@ impl Scanner {
             Msg::Body => {
                 self.body = BodyHash::Off;
                 self.cluster = self.any_type == super::CLUSTER;
+                self.listener = self.any_type == super::LISTENER;
+                self.body_end = self.stack.last().map(|f| f.end);
             }
+            Msg::FilterAny | Msg::TlsAny => self.dep_any.clear(),
             Msg::Node => self.node = Some(Node::default()),
             Msg::SemVer => self.semver = [0; 3],
             Msg::Status => {
@@ -526,6 +578,7 @@ impl Scanner {
                     .push_str(&format!(" {major}.{minor}.{patch}"));
             }
             Msg::Body => {
+                self.body_end = None;
                 let digest = match self.body {
                     BodyHash::Whole(d) => d,
                     BodyHash::Streaming => self.hasher.digest(),
@@ -546,6 +599,7 @@ impl Scanner {
                             self.resp.resources.mark_eds(Some(&self.eds_service));
                         }
                         self.resp.resources.mark_timed(r.ttl_ms, r.bare);
+                        self.resp.resources.mark_needs(&self.needs);
                         self.spare_name = r.name;
                     }
                 }
@@ -578,6 +632,19 @@ impl Scanner {
         match (slot, self.current.as_mut()) {
             (Slot::AnyTypeUrl, _) => text_into(&self.buf, &mut self.any_type),
             (Slot::EdsService, _) => text_into(&self.buf, &mut self.eds_service),
+            (Slot::DepAnyType, _) => text_into(&self.buf, &mut self.dep_any),
+            (Slot::RdsName | Slot::SdsName, _) if self.needs.len() < MAX_NEEDS => {
+                let mut name = String::new();
+                text_into(&self.buf, &mut name);
+                let kind = match slot {
+                    Slot::RdsName => Needs::Routes,
+                    _ => Needs::Secret,
+                };
+                if !self.needs.iter().any(|(k, n)| *k == kind && *n == name) {
+                    self.needs.push((kind, name));
+                }
+            }
+            (Slot::RdsName | Slot::SdsName, _) => {}
             (Slot::WrapperName, Some(r)) => text_into(&self.buf, &mut r.name),
             (Slot::BodyName, Some(r)) if r.name.is_empty() => text_into(&self.buf, &mut r.name),
             (Slot::WrapperName | Slot::BodyName, _) => {}
@@ -621,7 +688,13 @@ impl Scanner {
                     r.version = Some(text);
                 }
             }
-            Slot::AnyTypeUrl | Slot::WrapperName | Slot::BodyName | Slot::EdsService => {}
+            Slot::AnyTypeUrl
+            | Slot::WrapperName
+            | Slot::BodyName
+            | Slot::EdsService
+            | Slot::DepAnyType
+            | Slot::RdsName
+            | Slot::SdsName => {}
             Slot::MapKey | Slot::ErrorName => self.map_key = text,
             Slot::MapValue => self.map_value = text,
         }

@@ -210,6 +210,50 @@ pub fn route(name: &str, cluster: &str) -> (String, Any) {
     (name.into(), any(&r))
 }
 
+/// A TCP listener to `cluster` whose TLS certificate is the SDS secret `secret` (over ADS):
+/// Envoy warms it until the secret comes.
+pub fn tls_listener(name: &str, secret: &str, cluster: &str) -> (String, Any) {
+    use envoy_types::pb::envoy::config::core::v3::{transport_socket, TransportSocket};
+    use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{
+        tcp_proxy, TcpProxy,
+    };
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+        CommonTlsContext, DownstreamTlsContext, SdsSecretConfig,
+    };
+    let proxy = TcpProxy {
+        stat_prefix: name.into(),
+        cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(cluster.into())),
+        ..Default::default()
+    };
+    let tls = DownstreamTlsContext {
+        common_tls_context: Some(CommonTlsContext {
+            tls_certificate_sds_secret_configs: vec![SdsSecretConfig {
+                name: secret.into(),
+                sds_config: Some(ads()),
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let l = Listener {
+        name: name.into(),
+        address: Some(socket(0)),
+        filter_chains: vec![FilterChain {
+            filters: vec![Filter {
+                name: "envoy.filters.network.tcp_proxy".into(),
+                config_type: Some(filter::ConfigType::TypedConfig(any(&proxy))),
+            }],
+            transport_socket: Some(TransportSocket {
+                name: "envoy.transport_sockets.tls".into(),
+                config_type: Some(transport_socket::ConfigType::TypedConfig(any(&tls))),
+            }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    (name.into(), any(&l))
+}
+
 /// A TLS certificate secret with an inline private key (the canary in secret-safety tests).
 pub fn secret(name: &str, cert_pem: &str, key_pem: &str) -> (String, Any) {
     let inline = |s: &str| DataSource {

@@ -9,7 +9,11 @@ use std::sync::Arc;
 
 use super::{StatusBoard, TypeEntry};
 use crate::correlate::{Event, Push, Rejected, Scope, Timestamp, Verdict};
-use crate::xds::Api;
+use crate::xds::{Api, Needs};
+
+/// How long Envoy lets a listener warm for the routes and secrets it names before it serves
+/// without them (`initial_fetch_timeout`, 15 s unless its config source says otherwise).
+const WARMING_TIMEOUT_NS: u64 = 15_000_000_000;
 
 /// Subscriptions of more names than this are not kept: CSDS then lists what was sent only.
 const MAX_REQUESTED: usize = 64;
@@ -125,6 +129,40 @@ impl Ttls {
     }
 }
 
+/// What each listener the node runs needs before it serves: RDS and SDS names.
+#[derive(Default)]
+pub(super) struct ListenerNeeds(BTreeMap<String, Vec<(Needs, Box<str>)>>);
+
+impl ListenerNeeds {
+    /// Folds an accepted push (but for the `rejected`).
+    fn on_accepted(&mut self, api: Option<Api>, push: &Push, rejected: &[Rejected]) {
+        if self.0.is_empty() && !push.resources.has_needs() {
+            return;
+        }
+        let rejected = crate::correlate::scope::names(rejected);
+        if api == Some(Api::Delta) {
+            for name in &push.removed {
+                self.0.remove(name);
+            }
+        } else {
+            let now: std::collections::HashSet<_> = push.resources.iter().map(|r| r.name).collect();
+            self.0.retain(|n, _| now.contains(n.as_str()));
+        }
+        for (i, r) in push.resources.iter().enumerate() {
+            if r.bare || rejected.contains(&*r.name) {
+                continue;
+            }
+            let needs: Vec<_> = (push.resources.needs_of(i))
+                .map(|(k, n)| (k, n.into()))
+                .collect();
+            match needs.is_empty() {
+                true => self.0.remove(&*r.name),
+                false => self.0.insert(r.name.into_owned(), needs),
+            };
+        }
+    }
+}
+
 /// What a node runs of one type.
 pub(super) enum Held {
     /// SotW, after an ACK: the accepted push is the whole state.
@@ -176,6 +214,7 @@ pub(super) fn on_verdict(
     match verdict {
         Verdict::Ack => {
             t.ttls.on_accepted(api, push, &[]);
+            t.needs.on_accepted(api, push, &[]);
             match (api, &mut t.held) {
                 (Some(Api::Delta), Some(Held::Each(ref mut held))) => {
                     fold(held, push, &[], decided_at)
@@ -207,6 +246,7 @@ pub(super) fn on_verdict(
         } => {
             if *scope == Scope::Partial {
                 t.ttls.on_accepted(api, push, rejected);
+                t.needs.on_accepted(api, push, rejected);
                 apply_part(t, api, push, rejected, decided_at);
             }
             if let Some(u) = t.unsettled.as_mut().filter(|_| ours) {
@@ -334,6 +374,9 @@ pub enum ClientStatus {
     /// Its TTL lapsed without a heartbeat: the client dropped it (CSDS: DOES_NOT_EXIST, with
     /// the lapse in `error_state`).
     Expired,
+    /// A listener that waits for the routes or secrets it names (CSDS: ACKED, with what it
+    /// waits for in `error_state`).
+    Warming,
     /// Changed by a push the client NACKed without saying what of it landed, and not named in
     /// the message: it may run either content (CSDS: UNKNOWN).
     Unknown,
@@ -471,6 +514,53 @@ fn expired(t: &TypeEntry, start: usize, now: Timestamp, out: &mut [ResourceStatu
             let message = format!("its TTL of {} lapsed without a heartbeat", ttl_text(ms));
             r.error = Some((message, r.version.clone(), lapsed));
         }
+    }
+}
+
+/// Listeners that name routes or secrets the node does not run: WARMING for Envoy's
+/// initial fetch timeout, then serving without them (ACKED, with what is missing).
+fn warming(types: &BTreeMap<String, TypeEntry>, now: Timestamp, out: &mut [ResourceStatus]) {
+    let Some(listeners) = types
+        .get(crate::xds::LISTENER)
+        .filter(|t| !t.needs.0.is_empty())
+    else {
+        return;
+    };
+    let names = |url: &str| -> std::collections::HashSet<String> {
+        let t = types.get(url);
+        held_resources(t.and_then(|t| t.held.as_ref()))
+            .into_keys()
+            .collect()
+    };
+    let (routes, secrets) = (names(crate::xds::ROUTES), names(crate::xds::SECRET));
+    for r in out.iter_mut() {
+        if r.type_url != crate::xds::LISTENER || r.client != ClientStatus::Acked {
+            continue;
+        }
+        let Some(needs) = listeners.needs.0.get(&r.name) else {
+            continue;
+        };
+        let missing: Vec<String> = (needs.iter())
+            .filter(|(k, n)| match k {
+                Needs::Routes => !routes.contains(&**n),
+                Needs::Secret => !secrets.contains(&**n),
+            })
+            .map(|(k, n)| format!("{} {n}", crate::xds::short_type(k.type_url())))
+            .collect();
+        if missing.is_empty() {
+            continue;
+        }
+        let missing = missing.join(", ");
+        let message = match now.saturating_sub(r.last_updated) < WARMING_TIMEOUT_NS {
+            true => {
+                r.client = ClientStatus::Warming;
+                format!("warming: waits for {missing}")
+            }
+            false => {
+                format!("serves without {missing}, not pushed within the 15s initial fetch timeout")
+            }
+        };
+        r.error = Some((message, String::new(), r.last_updated));
     }
 }
 
@@ -627,6 +717,7 @@ impl StatusBoard {
                 for (url, t) in &n.types {
                     type_resources(url, t, now, &mut resources);
                 }
+                warming(&n.types, now, &mut resources);
                 NodeResources {
                     id: id.clone(),
                     cluster: n.cluster.clone(),

@@ -357,10 +357,13 @@ enum Accepted {
 
 impl Accepted {
     fn digests(&self) -> HashMap<String, u64> {
+        // A name twice in a push: Envoy runs the first.
         let of = |p: &Push| -> HashMap<String, u64> {
-            (p.resources.iter())
-                .map(|r| (r.name.into_owned(), r.digest))
-                .collect()
+            let mut m = HashMap::new();
+            for r in p.resources.iter() {
+                m.entry(r.name.into_owned()).or_insert(r.digest);
+            }
+            m
         };
         match self {
             Accepted::Push(p) => of(p),
@@ -451,6 +454,7 @@ impl Subscription {
         let before = self.accepted.as_ref().map(Accepted::digests);
         if api == Api::Sotw {
             let kept = (rejected.iter())
+                .filter(|r| !r.duplicate())
                 .map(|r| {
                     let had = before.as_ref().and_then(|b| b.get(&r.name)).copied();
                     (r.name.clone(), had)

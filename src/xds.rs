@@ -674,6 +674,16 @@ pub fn is_secret(type_url: &str) -> bool {
     type_url.ends_with("envoy.extensions.transport_sockets.tls.v3.Secret")
 }
 
+/// Envoy's NACK of a resource of the wrong type quotes the whole response after
+/// ` in DiscoveryResponse `: resource contents, which are never kept. The quote is cut.
+pub fn without_response_dump(message: &str) -> &str {
+    const QUOTE: &str = " in DiscoveryResponse ";
+    match message.find(QUOTE) {
+        Some(i) => &message[..i],
+        None => message,
+    }
+}
+
 /// A client's error message with any PEM private key block in it replaced by
 /// `[redacted private key]`: a NACK of a Secret may quote the key it rejected, and nothing the
 /// tap logs, exports or shows may carry one. A block cut off by the message's end is redacted to

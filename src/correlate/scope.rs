@@ -10,7 +10,10 @@
 //! - gRPC C-core (grpcio): `xDS response validation errors: [resource index N: NAME: reason;
 //!   ...]`; grpc-go: `resource "NAME": reason`. Valid resources are used (gRFC A46).
 //! - Envoy rejects the whole push before adding anything on a proto validation failure
-//!   (`Proto constraint validation failed`) or an `Any` it cannot unpack.
+//!   (`Proto constraint validation failed`), an `Any` it cannot unpack, or a resource of another
+//!   type (`T does not match the message-wide type URL U`).
+//! - A name twice in one CDS push: Envoy adds the first and rejects the copy
+//!   (`Error adding/updating cluster(s) c: duplicate cluster c found`).
 //! - Anything else: the scope is unknown, never "nothing landed".
 
 use crate::xds::Resources;
@@ -47,6 +50,14 @@ pub struct Rejected {
     pub reason: String,
 }
 
+impl Rejected {
+    /// A second copy of a name in the push, rejected while the first runs (Envoy's
+    /// `duplicate cluster c found`).
+    pub fn duplicate(&self) -> bool {
+        self.reason.starts_with("duplicate ")
+    }
+}
+
 /// Resources listed as rejected at most; a push larger than that still reads, the list is cut.
 const MAX_REJECTED: usize = 1024;
 
@@ -57,7 +68,11 @@ const ENVOY_EACH: [&str; 2] = [
 ];
 
 /// Envoy's whole-push forms.
-const ENVOY_WHOLE: [&str; 2] = ["Proto constraint validation failed", "Unable to unpack as "];
+const ENVOY_WHOLE: [&str; 3] = [
+    "Proto constraint validation failed",
+    "Unable to unpack as ",
+    " does not match the message-wide type URL ",
+];
 
 /// C-core's per-resource item: `resource index N: `.
 const CCORE_ITEM: &str = "resource index ";

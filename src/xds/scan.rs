@@ -680,7 +680,7 @@ impl Scanner {
             }
             Slot::StatusMessage => {
                 self.status.get_or_insert_with(Default::default).message =
-                    super::redact_private_keys(&text).into_owned()
+                    super::redact_private_keys(super::without_response_dump(&text)).into_owned()
             }
             Slot::ControlPlaneId => self.resp.control_plane = Some(text),
             Slot::WrapperVersion => {

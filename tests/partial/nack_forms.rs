@@ -4,7 +4,9 @@
 //! validly. Envoy's messages name the route but not the endpoints, and what of the push lands
 //! depends on which of Envoy's watches run before the failing one, so the tap reads both as
 //! scope unknown, never "whole" nor "partial": the named resource is NACKED, the others UNKNOWN,
-//! and nothing the tap says a resource runs is contradicted by what Envoy runs.
+//! and nothing the tap says a resource runs is contradicted by what Envoy runs. Then the other
+//! forms: a name twice in a CDS push, a resource of another type, an SDS certificate that does
+//! not load.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -217,4 +219,158 @@ async fn eds_and_rds_add_time_errors_leave_an_unknown_part_running() {
     let (sotw_eds, sotw_rds) = story("forms-sotw", false).await;
     let (delta_eds, delta_rds) = story("forms-delta", true).await;
     eprintln!("applied: SotW EDS {sotw_eds:?} RDS {sotw_rds:?}; Delta EDS {delta_eds:?} RDS {delta_rds:?}");
+}
+
+/// The tap's NACK of `short` at `version` on `node`, once it has it.
+async fn tap_nack(tap: &XdsTap, node: &str, short: &str, version: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, body) = support::http_get(&tap.admin, &format!("/status?node={node}")).await;
+        let v: Value = serde_json::from_str(&body).unwrap();
+        let types = v["nodes"][0]["types"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let nack = types
+            .iter()
+            .find(|x| x["type"] == short)
+            .map(|x| x["nack"].clone());
+        if let Some(n) = nack.filter(|n| n["version"] == version) {
+            return n;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no NACK of {short} {version} in {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Envoy's clusters: name -> connect timeout, by its config_dump.
+async fn envoy_timeouts(envoy: &Envoy) -> BTreeMap<String, String> {
+    let dump = envoy.config_dump().await;
+    let mut out = BTreeMap::new();
+    for c in dump["configs"].as_array().unwrap() {
+        for d in c["dynamic_active_clusters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let name = d["cluster"]["name"].as_str().unwrap().to_string();
+            out.insert(
+                name,
+                d["cluster"]["connect_timeout"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            );
+        }
+    }
+    out
+}
+
+/// A name twice in one CDS push: Envoy runs the first copy and names the name; a resource of
+/// another type in the push: nothing of it lands (whole), and the response Envoy quotes in its
+/// message is not kept; an SDS certificate that does not load: Envoy's message names no
+/// resource, so the scope is unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_wrong_types_and_bad_certificates() {
+    use crate::support::resources::{secret, static_cluster, SDS};
+    let dir = support::TempDir::new("forms");
+    let pki = support::certs::make(&dir.0);
+    let (cert, key) = (
+        std::fs::read_to_string(&pki.server_cert).unwrap(),
+        std::fs::read_to_string(&pki.server_key).unwrap(),
+    );
+    let cp = Scripted::default();
+    let c = |name: &str, ms: i64| static_cluster(name, ms, 9);
+    cp.on_first(response(CDS, "1", "c1", vec![c("a", 1000), c("b", 1000)]));
+    cp.on_first(response(LDS, "1", "l1", vec![]));
+    cp.on_first(response(
+        SDS,
+        "1",
+        "s1",
+        vec![secret("cert", &cert, &key).1],
+    ));
+    let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = server.local_addr().unwrap().to_string();
+    let _server = cp.serve(server);
+    let tap = XdsTap::start(TapOptions::new(&upstream)).await;
+    let envoy = Envoy::start_sds("forms", Xds::Tcp(tap.tap.addr.clone()), "cert").await;
+    let _ = support::eventually(20, "v1 of CDS answered", || {
+        cp.answers_to("c1").first().cloned()
+    })
+    .await;
+    // Duplicates: a changes, b goes, c twice (2 s, then 3 s).
+    cp.send(vec![response(
+        CDS,
+        "2",
+        "dup",
+        vec![c("a", 2000), c("c", 2000), c("c", 3000)],
+    )])
+    .await;
+    let message = nacked(&cp, "dup").await;
+    assert_eq!(
+        message,
+        "Error adding/updating cluster(s) c: duplicate cluster c found"
+    );
+    let nack = tap_nack(&tap, "forms", "CDS", "2").await;
+    assert_eq!(nack["scope"], "partial", "{nack}");
+    assert_eq!(nack["rejected"], serde_json::json!(["c"]), "{nack}");
+    let want: BTreeMap<String, String> = [("a", "2s"), ("c", "2s")]
+        .map(|(n, t)| (n.to_string(), t.to_string()))
+        .into();
+    assert_eq!(envoy_timeouts(&envoy).await, want);
+    let r = csds::fetch(&tap.admin).await;
+    let seen = csds::resources(csds::node(&r, "forms"));
+    let cds: Vec<(String, String)> = (seen.iter())
+        .filter(|((t, _), _)| t == "CDS")
+        .map(|((_, n), r)| (n.clone(), r.0.clone()))
+        .collect();
+    // Both run version 2's content (c its first copy); b is gone.
+    assert_eq!(
+        cds,
+        [("a".to_string(), "2".to_string()), ("c".into(), "2".into())]
+    );
+    // A listener in a CDS push: nothing lands.
+    cp.send(vec![response(
+        CDS,
+        "3",
+        "wrong",
+        vec![c("a", 4000), listener("L", "r").1],
+    )])
+    .await;
+    let message = nacked(&cp, "wrong").await;
+    assert!(
+        message.contains(" does not match the message-wide type URL "),
+        "{message}"
+    );
+    assert!(
+        message.contains("resources {"),
+        "Envoy quotes the response: {message}"
+    );
+    let nack = tap_nack(&tap, "forms", "CDS", "3").await;
+    assert_eq!(nack["scope"], "whole", "{nack}");
+    let kept = nack["message"].as_str().unwrap();
+    assert!(
+        kept.ends_with(
+            "the message-wide type URL type.googleapis.com/envoy.config.cluster.v3.Cluster"
+        ),
+        "{kept}"
+    );
+    assert_eq!(envoy_timeouts(&envoy).await, want);
+    // A certificate that does not load.
+    let bad = "-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----\n";
+    cp.send(vec![response(
+        SDS,
+        "2",
+        "bad-cert",
+        vec![secret("cert", bad, &key).1],
+    )])
+    .await;
+    let message = nacked(&cp, "bad-cert").await;
+    assert_eq!(message, "Failed to load certificate chain from <inline>");
+    let nack = tap_nack(&tap, "forms", "SDS", "2").await;
+    assert_eq!(nack["scope"], "unknown", "{nack}");
+    tap.close().await;
 }

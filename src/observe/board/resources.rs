@@ -306,6 +306,7 @@ fn apply_part(
     if api != Some(Api::Delta) {
         let before = held_resources(t.held.as_ref());
         let kept = (rejected.iter())
+            .filter(|r| !r.duplicate())
             .map(|r| {
                 let had = (before.get(&r.name)).map(|h| (h.version.clone(), h.digest, h.at));
                 (r.name.clone(), had)
@@ -422,18 +423,19 @@ struct Had {
 }
 
 fn held_resources(held: Option<&Held>) -> BTreeMap<String, Had> {
+    // A name twice in a push: Envoy runs the first and rejects the copy.
     let of = |p: &Push, at: Timestamp| -> BTreeMap<String, Had> {
-        (p.resources.iter())
-            .map(|r| {
-                let version = r.version.unwrap_or(&p.version).to_string();
-                let had = Had {
-                    version,
-                    digest: r.digest,
-                    at,
-                };
-                (r.name.into_owned(), had)
-            })
-            .collect()
+        let mut m = BTreeMap::new();
+        for r in p.resources.iter() {
+            let version = r.version.unwrap_or(&p.version).to_string();
+            let had = Had {
+                version,
+                digest: r.digest,
+                at,
+            };
+            m.entry(r.name.into_owned()).or_insert(had);
+        }
+        m
     };
     match held {
         None => BTreeMap::new(),

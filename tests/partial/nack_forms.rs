@@ -374,3 +374,104 @@ async fn duplicates_wrong_types_and_bad_certificates() {
     assert_eq!(nack["scope"], "unknown", "{nack}");
     tap.close().await;
 }
+
+/// ECDS: a listener whose HTTP filter `buffer` takes its config from ECDS over ADS, pushed a
+/// config of a type the filter does not take (Envoy names no resource: unknown), then one that
+/// fails proto validation (whole).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ecds_forms() {
+    use envoy_types::pb::envoy::config::core::v3::{
+        config_source, AggregatedConfigSource, ApiVersion, ConfigSource, ExtensionConfigSource,
+        TypedExtensionConfig,
+    };
+    use envoy_types::pb::envoy::config::listener::v3::{filter, Listener};
+    use envoy_types::pb::envoy::extensions::filters::http::buffer::v3::Buffer;
+    use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+    use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+        http_filter, HttpConnectionManager, HttpFilter,
+    };
+    use envoy_types::pb::google::protobuf::UInt32Value;
+    use prost::Name;
+    const ECDS: &str = "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig";
+    let mut l = Listener::decode(&*listener("L", "r1").1.value).unwrap();
+    let Some(filter::ConfigType::TypedConfig(hcm_any)) =
+        l.filter_chains[0].filters[0].config_type.as_mut()
+    else {
+        panic!()
+    };
+    let mut hcm = HttpConnectionManager::decode(&*hcm_any.value).unwrap();
+    let ads = ConfigSource {
+        config_source_specifier: Some(config_source::ConfigSourceSpecifier::Ads(
+            AggregatedConfigSource {},
+        )),
+        resource_api_version: ApiVersion::V3 as i32,
+        ..Default::default()
+    };
+    hcm.http_filters.insert(
+        0,
+        HttpFilter {
+            name: "buffer".into(),
+            config_type: Some(http_filter::ConfigType::ConfigDiscovery(
+                ExtensionConfigSource {
+                    config_source: Some(ads),
+                    type_urls: vec![Buffer::type_url()],
+                    ..Default::default()
+                },
+            )),
+            ..Default::default()
+        },
+    );
+    *hcm_any = any(&hcm);
+    let ext = |typed: Any| {
+        any(&TypedExtensionConfig {
+            name: "buffer".into(),
+            typed_config: Some(typed),
+        })
+    };
+    let buffer = |bytes: Option<u32>| {
+        any(&Buffer {
+            max_request_bytes: bytes.map(|value| UInt32Value { value }),
+        })
+    };
+    let cp = Scripted::default();
+    cp.on_first(response(CDS, "1", "c1", vec![cluster("e1", 1000).1]));
+    cp.on_first(response(EDS, "1", "e1", vec![endpoints("e1", 9).1]));
+    cp.on_first(response(LDS, "1", "l1", vec![any(&l)]));
+    cp.on_first(response(RDS, "1", "r1", vec![route("r1", "e1").1]));
+    cp.on_first(response(ECDS, "1", "x1", vec![ext(buffer(Some(1024)))]));
+    let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = server.local_addr().unwrap().to_string();
+    let _server = cp.serve(server);
+    let tap = XdsTap::start(TapOptions::new(&upstream)).await;
+    let _envoy = Envoy::start("ecds", Xds::Tcp(tap.tap.addr.clone()), false).await;
+    let first = support::eventually(20, "Envoy's answer to x1", || {
+        cp.answers_to("x1").first().cloned()
+    })
+    .await;
+    assert_eq!(first.error, None);
+    cp.send(vec![response(
+        ECDS,
+        "2",
+        "x2",
+        vec![ext(any(&Router::default()))],
+    )])
+    .await;
+    let message = nacked(&cp, "x2").await;
+    assert_eq!(
+        message,
+        "Error: filter config has type URL envoy.extensions.filters.http.router.v3.Router but \
+         expect envoy.extensions.filters.http.buffer.v3.Buffer."
+    );
+    let nack = tap_nack(&tap, "ecds", "ECDS", "2").await;
+    assert_eq!(nack["scope"], "unknown", "{nack}");
+    cp.send(vec![response(ECDS, "3", "x3", vec![ext(buffer(None))])])
+        .await;
+    let message = nacked(&cp, "x3").await;
+    assert!(
+        message.contains("Proto constraint validation failed (BufferValidationError"),
+        "{message}"
+    );
+    let nack = tap_nack(&tap, "ecds", "ECDS", "3").await;
+    assert_eq!(nack["scope"], "whole", "{nack}");
+    tap.close().await;
+}

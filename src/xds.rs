@@ -684,33 +684,34 @@ pub fn without_response_dump(message: &str) -> &str {
     }
 }
 
-/// A client's error message with any PEM private key block in it replaced by
-/// `[redacted private key]`: a NACK of a Secret may quote the key it rejected, and nothing the
-/// tap logs, exports or shows may carry one. A block cut off by the message's end is redacted to
-/// the end.
+/// A client's error message with every private key block in it replaced by
+/// `[redacted private key]`: a NACK of a Secret (or of any resource) may quote a key, and nothing
+/// the tap logs, exports or shows may carry one. A block is an armored one whose `-----BEGIN`
+/// label holds `PRIVATE KEY`: PEM (`PRIVATE KEY`, `RSA PRIVATE KEY`, `EC PRIVATE KEY`,
+/// `ENCRYPTED PRIVATE KEY`), OpenSSH (`OPENSSH PRIVATE KEY`) and PGP (`PGP PRIVATE KEY BLOCK`);
+/// it ends at the `-----END` line of that label, or at the message's end when cut off.
 pub fn redact_private_keys(message: &str) -> std::borrow::Cow<'_, str> {
-    if !message.contains("PRIVATE KEY-----") {
+    const BEGIN: &str = "-----BEGIN ";
+    if !message.contains("PRIVATE KEY") {
         return std::borrow::Cow::Borrowed(message);
     }
     let mut out = String::with_capacity(message.len());
     let mut rest = message;
-    while let Some(begin) = rest.find("-----BEGIN ") {
-        let after = &rest[begin..];
-        let header_end = after[11..].find("-----").map(|i| 11 + i + 5);
-        let is_key = header_end.is_some_and(|e| after[..e].ends_with("PRIVATE KEY-----"));
-        if !is_key {
-            let skip = begin + 11;
-            out.push_str(&rest[..skip]);
-            rest = &rest[skip..];
+    while let Some(begin) = rest.find(BEGIN) {
+        let after = &rest[begin + BEGIN.len()..];
+        let label = after.find("-----").map(|e| &after[..e]);
+        let Some(label) = label.filter(|l| l.contains("PRIVATE KEY")) else {
+            out.push_str(&rest[..begin + BEGIN.len()]);
+            rest = after;
             continue;
-        }
+        };
         out.push_str(&rest[..begin]);
         out.push_str("[redacted private key]");
-        let header_end = header_end.expect("checked above");
-        match after[header_end..].find("PRIVATE KEY-----") {
-            Some(i) => rest = &after[header_end + i + "PRIVATE KEY-----".len()..],
-            None => rest = "",
-        }
+        let end = format!("-----END {label}-----");
+        rest = match after.find(&end) {
+            Some(i) => &after[i + end.len()..],
+            None => "",
+        };
     }
     out.push_str(rest);
     std::borrow::Cow::Owned(out)
@@ -774,6 +775,15 @@ mod tests {
         assert_eq!(redact_private_keys(cut), "x [redacted private key]");
         let cert = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----";
         assert_eq!(redact_private_keys(cert), cert);
+        let pgp = "k: -----BEGIN PGP PRIVATE KEY BLOCK-----\n\nlQOYBF\n=abcd\n-----END PGP PRIVATE KEY BLOCK----- ok";
+        assert_eq!(redact_private_keys(pgp), "k: [redacted private key] ok");
+        let ssh = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXk\n-----END OPENSSH PRIVATE KEY-----";
+        assert_eq!(redact_private_keys(ssh), "[redacted private key]");
+        let two = "a -----BEGIN RSA PRIVATE KEY-----\nX\n-----END RSA PRIVATE KEY----- b -----BEGIN ENCRYPTED PRIVATE KEY-----\nY\n-----END ENCRYPTED PRIVATE KEY----- c";
+        assert_eq!(
+            redact_private_keys(two),
+            "a [redacted private key] b [redacted private key] c"
+        );
         assert_eq!(redact_private_keys("plain"), "plain");
     }
 

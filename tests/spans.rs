@@ -449,3 +449,130 @@ async fn shutdown_flushes_waiting_spans() {
     );
     drop(envoy);
 }
+
+/// PGP and OpenSSH private keys quoted by Envoy in a NACK (each the "address" of a cluster it
+/// rejects, so its message repeats it): through the `xdstap` binary, the NACK shows in
+/// `/status`, `/rollouts`, CSDS, spans, the event log, the log and `xdstap watch`, and neither key
+/// does, anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pgp_and_openssh_keys_in_a_nack_appear_in_no_output() {
+    use std::process::{Command, Stdio};
+    use support::resources::{static_cluster, static_cluster_at, LDS};
+    use support::scripted::{response, Scripted};
+    let pgp = "-----BEGIN PGP PRIVATE KEY BLOCK-----\n\nlQOYBGPGPCANARYxyzzy\n=Ab1c\n-----END PGP PRIVATE KEY BLOCK-----";
+    let ssh = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaCANARYplugh\n-----END OPENSSH PRIVATE KEY-----";
+    let canaries = ["PGPCANARYxyzzy", "b3BlbnNzaCANARYplugh"];
+    let dir = support::TempDir::new("keys");
+    let receiver = Receiver::grpc().await;
+    let cp = Scripted::default();
+    cp.on_first(response(CDS, "1", "n1", vec![static_cluster("a", 1000, 9)]));
+    cp.on_first(response(LDS, "1", "l1", vec![]));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cp_addr = listener.local_addr().unwrap().to_string();
+    let _server = cp.serve(listener);
+    let admin = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let sock = dir.path().join("tap.sock");
+    let events = dir.path().join("events.jsonl");
+    let stderr = dir.path().join("stderr.log");
+    let _tap = support::Child(
+        Command::new(env!("CARGO_BIN_EXE_xdstap"))
+            .args(["run", "--listen"])
+            .arg(format!("unix:{}", sock.display()))
+            .args(["--upstream", &cp_addr, "--admin", &admin])
+            .args([
+                "--otlp-endpoint",
+                &receiver.endpoint,
+                "--otlp-protocol",
+                "grpc",
+            ])
+            .args(["--log-level", "debug", "--event-log"])
+            .arg(&events)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    support::listening(&sock).await;
+    let _envoy = Envoy::start("keys", Xds::Unix(sock.clone()), false).await;
+    support::eventually(20, "the ACK of v1", || cp.answers_to("n1").first().cloned()).await;
+    let (watch_out, watch_err) = (dir.path().join("watch.out"), dir.path().join("watch.err"));
+    let mut watch = support::Child(
+        Command::new(env!("CARGO_BIN_EXE_xdstap"))
+            .args(["watch", "--admin", &admin])
+            .stdout(std::fs::File::create(&watch_out).unwrap())
+            .stderr(std::fs::File::create(&watch_err).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    support::eventually(10, "watch started", || {
+        let err = std::fs::read_to_string(&watch_err).unwrap_or_default();
+        err.contains("watching the tap").then_some(())
+    })
+    .await;
+    let bad = vec![
+        static_cluster("a", 1000, 9),
+        static_cluster_at("p", 1000, pgp, 9),
+        static_cluster_at("s", 1000, ssh, 9),
+    ];
+    cp.send(vec![response(CDS, "2", "n2", bad)]).await;
+    let answer = support::eventually(20, "the NACK", || cp.answers_to("n2").first().cloned()).await;
+    let message = answer.error.expect("NACKed");
+    assert!(
+        message.contains(canaries[0]) && message.contains(canaries[1]),
+        "{message}"
+    );
+    wait_span(&receiver, "the NACK span", |s| {
+        s.text("xds.verdict").as_deref() == Some("nack")
+    })
+    .await;
+    let (_, status) = support::http_get(&admin, "/status").await;
+    assert!(
+        status.contains("cluster(s) p: malformed IP address"),
+        "{status}"
+    );
+    let (_, rollouts) = support::http_get(&admin, "/rollouts").await;
+    assert!(rollouts.contains("[redacted private key]"), "{rollouts}");
+    let csds = format!("{:?}", support::csds::fetch(&admin).await);
+    support::eventually(10, "the NACK in watch", || {
+        let out = std::fs::read_to_string(&watch_out).unwrap_or_default();
+        out.contains("NACK").then_some(())
+    })
+    .await;
+    watch.terminate();
+    let watched = std::fs::read_to_string(&watch_out).unwrap();
+    let (_, csds_status, _) =
+        support::xdstap(&["status", "--admin", &admin, "--node", "keys", "--resources"]).await;
+    let log = std::fs::read_to_string(&stderr).unwrap();
+    let event_log = std::fs::read_to_string(&events).unwrap();
+    let spans: String = receiver
+        .spans()
+        .iter()
+        .map(|s| format!("{:?}", s.span))
+        .collect();
+    let lines: Vec<String> = watched.lines().map(String::from).collect();
+    assert!(lines.iter().any(|l| l.contains("redacted")), "{watched}");
+    for (what, text) in [
+        ("status", &status),
+        ("rollouts", &rollouts),
+        ("CSDS", &csds),
+        ("status --resources", &csds_status),
+        ("watch", &watched),
+        ("log", &log),
+        ("event log", &event_log),
+        ("spans", &spans),
+    ] {
+        for canary in canaries {
+            assert!(
+                !text.contains(canary),
+                "a private key in the {what}:\n{text}"
+            );
+        }
+        assert!(
+            !text.contains("PRIVATE KEY"),
+            "key armor in the {what}:\n{text}"
+        );
+    }
+}

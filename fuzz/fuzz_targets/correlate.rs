@@ -66,6 +66,9 @@ fuzz_target!(|data: &[u8]| {
                         name: format!("r{i}"),
                         version: None,
                         digest: (b as u64) ^ i as u64,
+                        // Some are bare wrappers: heartbeats when all are.
+                        bare: a & 32 != 0,
+                        ..Default::default()
                     });
                     // Clusters fed by EDS, some under a service name of their own.
                     if d & (4 << i) != 0 {

@@ -232,3 +232,168 @@ async fn a_data_flood_on_one_stream_leaves_the_others_alone() {
     healthy(&tap).await;
     assert!(get(&tap.tap.stats.peak_buffered) <= xdstap::proxy::READ_CHUNK as u64);
 }
+
+/// An HTTP/2 frame header and payload.
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let n = payload.len() as u32;
+    let mut f = vec![(n >> 16) as u8, (n >> 8) as u8, n as u8, kind, flags];
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// The HPACK reference bomb, written by hand: a first block puts a 4,000-byte `:path` into the
+/// dynamic table (index 62); every later block is 16,000 one-byte references to it, each a
+/// new stream: 64 MB of fields from 16 KB of wire, `blocks` times.
+fn hpack_bomb(blocks: u32) -> Vec<u8> {
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(frame(4, 0, 0, &[]));
+    // :method POST, :scheme http, :path (indexed name 4) with a 4,000-byte literal value, added
+    // to the table; :authority and content-type without indexing.
+    let mut first = vec![0x83, 0x86, 0x44, 0x7f, 0xa1, 0x1e];
+    first.extend(std::iter::repeat_n(b'a', 4000));
+    first.extend([0x01, 0x01, b'x', 0x0f, 0x10, 0x10]);
+    first.extend(b"application/grpc");
+    out.extend(frame(1, 0x5, 1, &first));
+    let mut bomb = vec![0x83, 0x86];
+    bomb.extend(std::iter::repeat_n(0xbe, 16_000));
+    for k in 0..blocks {
+        out.extend(frame(1, 0x5, 3 + 2 * k, &bomb));
+    }
+    out
+}
+
+/// The `xdstap` binary on loopback with `threads` workers: (process, listen, admin).
+async fn tap_process(threads: &str, upstream: &str) -> (support::Child, String, String) {
+    let free = || {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let (listen, admin) = (free(), free());
+    let child = support::Child(
+        std::process::Command::new(env!("CARGO_BIN_EXE_xdstap"))
+            .args([
+                "run",
+                "--listen",
+                &listen,
+                "--admin",
+                &admin,
+                "--upstream",
+                upstream,
+            ])
+            .args(["--threads", threads])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    support::eventually(10, "the tap listening", || {
+        std::net::TcpStream::connect(&admin).ok().map(|_| ())
+    })
+    .await;
+    (child, listen, admin)
+}
+
+/// One client's HPACK references must not stall the others: with one and two attackers, on one
+/// worker thread and on two, a push to a real Envoy through the same tap is answered within
+/// 100 ms of the control plane sending it while the bombs go through (each taken whole),
+/// and observation of each attacking connection stops, counted as `header_list`; the tap's
+/// memory stays under 64 MiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_hpack_reference_bomb_stalls_no_other_connection() {
+    use support::envoy::{Envoy, Xds};
+    use support::resources::{static_cluster, CDS, LDS};
+    use support::scripted::{response, Scripted};
+    let cp = Scripted::default();
+    cp.on_first(response(CDS, "0", "n0", vec![static_cluster("a", 1000, 9)]));
+    cp.on_first(response(LDS, "0", "l0", vec![]));
+    let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = server.local_addr().unwrap().to_string();
+    let _server = cp.serve(server);
+    let bomb = std::sync::Arc::new(hpack_bomb(500));
+    let mut round = 0;
+    for threads in ["1", "2"] {
+        let (tap, listen, admin) = tap_process(threads, &upstream).await;
+        let rss = || {
+            let status = std::fs::read_to_string(format!("/proc/{}/status", tap.id())).unwrap();
+            let line = status
+                .lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .unwrap()
+                .to_string();
+            line.split_whitespace()
+                .nth(1)
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+        };
+        let envoy = Envoy::start(
+            &format!("bombed-{threads}"),
+            Xds::Tcp(listen.clone()),
+            false,
+        )
+        .await;
+        support::eventually(20, "Envoy's first ACK", || {
+            (cp.requests().iter())
+                .any(|r| r.version_info == "0" && r.type_url == CDS)
+                .then_some(())
+        })
+        .await;
+        for attackers in [1usize, 2] {
+            let writers: Vec<_> = (0..attackers)
+                .map(|_| {
+                    let (bomb, listen) = (bomb.clone(), listen.clone());
+                    std::thread::spawn(move || {
+                        use std::io::{Read, Write};
+                        let mut s = std::net::TcpStream::connect(&listen).unwrap();
+                        let mut sink = s.try_clone().unwrap();
+                        let reader = std::thread::spawn(move || {
+                            let mut buf = vec![0u8; 1 << 16];
+                            while matches!(sink.read(&mut buf), Ok(n) if n > 0) {}
+                        });
+                        let wrote = s.write_all(&bomb).is_ok();
+                        let _ = s.shutdown(std::net::Shutdown::Both);
+                        let _ = reader.join();
+                        wrote
+                    })
+                })
+                .collect();
+            // Pushes while the bombs go through, each answered in time.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            for _ in 0..5 {
+                round += 1;
+                let nonce = format!("p{round}");
+                let t0 = std::time::Instant::now();
+                let version = round.to_string();
+                let cluster = static_cluster("a", 1000 + round, 9);
+                cp.send(vec![response(CDS, &version, &nonce, vec![cluster])])
+                    .await;
+                support::eventually(10, "Envoy's answer", || {
+                    cp.answers_to(&nonce).first().cloned()
+                })
+                .await;
+                let took = t0.elapsed();
+                eprintln!("threads {threads}, {attackers} attacker(s): push answered in {took:?}");
+                assert!(
+                    took < Duration::from_millis(100),
+                    "threads {threads}, {attackers} attacker(s): a push took {took:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            for w in writers {
+                assert!(w.join().unwrap(), "the tap took the bomb whole");
+            }
+        }
+        let kib = rss();
+        eprintln!("threads {threads}: the tap's RSS after the bombs {kib} KiB");
+        assert!(kib < 64 << 10, "the tap holds {kib} KiB");
+        let (_, text) = support::http_get(&admin, "/metrics").await;
+        let m = support::prom::parse(&text).unwrap();
+        let stopped = m.get(
+            "xdstap_observation_stopped_total",
+            &[("reason", "header_list")],
+        );
+        assert_eq!(stopped, 3.0, "{text}");
+        drop(envoy);
+    }
+}

@@ -199,6 +199,7 @@ impl Sources {
             "not_http2",
             "header_block",
             "header_block_too_large",
+            "header_list",
             "malformed_frame",
             "streams",
         ]

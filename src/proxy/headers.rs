@@ -11,6 +11,12 @@ use loona_hpack::Decoder;
 /// bounded whatever the peers agree between them.
 pub const MAX_TABLE: usize = 64 << 10;
 
+/// The most a header block may decode to (RFC 7541 sizes: name, value and 32 bytes a field), as
+/// h2's `max_header_list_size`: one-byte references to a large table entry would otherwise turn
+/// a 16 KiB block into 64 MB of fields. Past it the block is an error and observation of that
+/// connection stops; Envoy itself accepts 60 KiB of request headers by default.
+pub const MAX_HEADER_LIST: usize = 256 << 10;
+
 /// The header fields the tap reads. Everything else is passed over.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Headers {
@@ -36,6 +42,8 @@ impl Headers {
             .is_some_and(|c| c.starts_with("application/grpc"))
     }
 
+    /// Keeps `value` when `name` is a field the tap reads and not seen yet in the block (a
+    /// repeat is no more use, and would be copied again).
     fn take(&mut self, name: &[u8], value: &[u8]) {
         let slot = match name {
             b":path" => &mut self.path,
@@ -46,14 +54,21 @@ impl Headers {
             b"grpc-message" => &mut self.grpc_message,
             _ => return,
         };
-        *slot = Some(String::from_utf8_lossy(value).into_owned());
+        if slot.is_none() {
+            *slot = Some(String::from_utf8_lossy(value).into_owned());
+        }
     }
 }
 
-/// A header block that does not decode; the decoder's state is lost with it.
+/// A header block that does not decode, or decodes to too much; the decoder's state is lost
+/// with it.
 #[derive(Debug, thiserror::Error)]
-#[error("HPACK: {0}")]
-pub struct HpackError(String);
+#[error("HPACK: {message}")]
+pub struct HpackError {
+    message: String,
+    /// Past [`MAX_HEADER_LIST`].
+    pub oversized: bool,
+}
 
 /// One direction's HPACK decoder.
 pub struct HeaderReader {
@@ -77,12 +92,33 @@ impl HeaderReader {
         self.decoder.set_max_allowed_table_size(n);
     }
 
-    /// Decodes a whole header block, keeping the fields [`Headers`] names.
+    /// Decodes a whole header block, keeping the fields [`Headers`] names. Its work is linear in
+    /// the block's bytes: past [`MAX_HEADER_LIST`] decoded, fields are counted, not looked at.
     pub fn read(&mut self, block: &[u8]) -> Result<Headers, HpackError> {
         let mut headers = Headers::default();
+        let mut size = 0usize;
         self.decoder
-            .decode_with_cb(block, |name, value| headers.take(&name, &value))
-            .map_err(|e| HpackError(format!("{e:?}")))?;
+            .decode_with_cb(block, |name, value| {
+                size = size.saturating_add(name.len() + value.len() + 32);
+                if size <= MAX_HEADER_LIST {
+                    headers.take(&name, &value);
+                }
+            })
+            .map_err(|e| HpackError {
+                message: format!("{e:?}"),
+                oversized: false,
+            })?;
+        if size > MAX_HEADER_LIST {
+            let message = format!(
+                "a {}-byte block decodes to more than {} KiB of fields",
+                block.len(),
+                MAX_HEADER_LIST >> 10
+            );
+            return Err(HpackError {
+                message,
+                oversized: true,
+            });
+        }
         Ok(headers)
     }
 }

@@ -340,9 +340,10 @@ fn on_frame(
             end_stream,
             push,
         } => {
-            let headers = hpack[d]
-                .read(block)
-                .map_err(|e| ("header_block", e.to_string()))?;
+            let headers = hpack[d].read(block).map_err(|e| match e.oversized {
+                true => ("header_list", e.to_string()),
+                false => ("header_block", e.to_string()),
+            })?;
             // A push is read only to keep the HPACK state.
             if !push {
                 streams.headers(direction, stream, &headers, end_stream)?;

@@ -260,16 +260,40 @@ pub enum Output {
 
 impl Output {
     /// Prints `report` as JSON, or as the table `render` makes of it (`true`: wide).
-    pub fn print<T: serde::Serialize>(self, report: &T, render: impl Fn(&T, bool) -> String) {
+    /// JSON as it is (it escapes control characters itself); a table of the report with every
+    /// string made [`printable`](crate::xds::printable) first.
+    pub fn print<T>(self, report: &T, render: impl Fn(&T, bool) -> String)
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned,
+    {
         match self {
             Output::Json => println!(
                 "{}",
                 serde_json::to_string_pretty(report).unwrap_or_default()
             ),
-            Output::Table => print!("{}", render(report, false)),
-            Output::Wide => print!("{}", render(report, true)),
+            Output::Table => print!("{}", render(&printable_copy(report), false)),
+            Output::Wide => print!("{}", render(&printable_copy(report), true)),
         }
     }
+}
+
+/// A copy of `report` with every string in it made printable, for a terminal.
+pub fn printable_copy<T: serde::Serialize + serde::de::DeserializeOwned>(report: &T) -> T {
+    fn walk(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::String(s) => {
+                if let std::borrow::Cow::Owned(clean) = crate::xds::printable(s) {
+                    *s = clean;
+                }
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(walk),
+            serde_json::Value::Object(fields) => fields.values_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    let mut v = serde_json::to_value(report).expect("a report serializes");
+    walk(&mut v);
+    serde_json::from_value(v).expect("a report reads back")
 }
 
 /// Columns padded to their widest cell.

@@ -186,7 +186,9 @@ impl Sink for LogSink {
     fn on_event(&mut self, event: &Event) {
         let at = event.context();
         let node = at.node.as_ref().map(|n| n.id.as_str()).unwrap_or("");
-        let short = short_type(&at.type_url);
+        // Values given as `&str` are logged in their Debug form, escaped; those given with `%`
+        // (Display) are made printable here.
+        let short = crate::xds::printable(short_type(&at.type_url));
         match event {
             Event::Verdict {
                 push,
@@ -205,17 +207,17 @@ impl Sink for LogSink {
             } => {
                 tracing::warn!(
                     xds.node = node,
-                    xds.type_url = %at.type_url,
-                    xds.version = %push.version,
-                    xds.nonce = %push.nonce,
+                    xds.type_url = %crate::xds::printable(&at.type_url),
+                    xds.version = %crate::xds::printable(&push.version),
+                    xds.nonce = %crate::xds::printable(&push.nonce),
                     xds.client_version = client_version.as_deref().unwrap_or(""),
                     xds.error_code = error.code,
-                    xds.error_message = %error.message,
-                    xds.suspects = %suspects.join(","),
-                    xds.changed = %changed.join(","),
+                    xds.error_message = %crate::xds::printable(&error.message),
+                    xds.suspects = %crate::xds::printable(&suspects.join(",")),
+                    xds.changed = %crate::xds::printable(&changed.join(",")),
                     xds.nack_scope = scope.as_str(),
-                    xds.rejected = %rejected.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(","),
-                    xds.applied = %applied.join(","),
+                    xds.rejected = %crate::xds::printable(&rejected.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(",")),
+                    xds.applied = %crate::xds::printable(&applied.join(",")),
                     xds.overtaken_by = overtaken_by.as_deref().unwrap_or(""),
                     stream = at.stream.stream_id,
                     "{short} push NACKed",
@@ -229,10 +231,10 @@ impl Sink for LogSink {
             } if !waiting_for.is_empty() => {
                 tracing::info!(
                     xds.node = node,
-                    xds.version = %push.version,
-                    xds.nonce = %push.nonce,
+                    xds.version = %crate::xds::printable(&push.version),
+                    xds.nonce = %crate::xds::printable(&push.nonce),
                     xds.verdict = verdict.name(),
-                    xds.waiting_for = %waiting_for.join(","),
+                    xds.waiting_for = %crate::xds::printable(&waiting_for.join(",")),
                     stream = at.stream.stream_id,
                     "{short} push {} while clusters still waited for their endpoints",
                     verdict.name(),
@@ -246,9 +248,9 @@ impl Sink for LogSink {
             } => {
                 tracing::debug!(
                     xds.node = node,
-                    xds.type_url = %at.type_url,
-                    xds.version = %push.version,
-                    xds.nonce = %push.nonce,
+                    xds.type_url = %crate::xds::printable(&at.type_url),
+                    xds.version = %crate::xds::printable(&push.version),
+                    xds.nonce = %crate::xds::printable(&push.nonce),
                     xds.verdict = verdict.name(),
                     latency_ms = decided_at.saturating_sub(push.at) as f64 / 1e6,
                     stream = at.stream.stream_id,
@@ -262,17 +264,17 @@ impl Sink for LogSink {
                 nack,
                 ..
             } => {
-                tracing::debug!(xds.node = node, xds.type_url = %at.type_url, xds.nonce = %nonce,
-                    xds.pending_nonce = %pending_nonce, nack, "{short} stale answer");
+                tracing::debug!(xds.node = node, xds.type_url = %crate::xds::printable(&at.type_url), xds.nonce = %crate::xds::printable(nonce),
+                    xds.pending_nonce = %crate::xds::printable(pending_nonce), nack, "{short} stale answer");
             }
             Event::Warming {
                 nonce, clusters, ..
             } => {
-                tracing::debug!(xds.node = node, xds.nonce = %nonce,
-                    xds.waiting_for = %clusters.join(","), "{short} push warming");
+                tracing::debug!(xds.node = node, xds.nonce = %crate::xds::printable(nonce),
+                    xds.waiting_for = %crate::xds::printable(&clusters.join(",")), "{short} push warming");
             }
             Event::NonceReused { nonce, .. } => {
-                tracing::debug!(xds.node = node, xds.type_url = %at.type_url, xds.nonce = %nonce,
+                tracing::debug!(xds.node = node, xds.type_url = %crate::xds::printable(&at.type_url), xds.nonce = %crate::xds::printable(nonce),
                     stream = at.stream.stream_id, "{short} nonce reused by the control plane");
             }
             _ => {}

@@ -674,6 +674,29 @@ pub fn is_secret(type_url: &str) -> bool {
     type_url.ends_with("envoy.extensions.transport_sockets.tls.v3.Secret")
 }
 
+/// `s` fit for a terminal or a text log: control characters (C0, DEL, C1, and so ESC and
+/// newlines) and the Unicode controls that reorder or hide what is shown (bidi embeddings,
+/// overrides and isolates, marks, zero-width characters) are written as `\u{1b}`; everything
+/// else as it is. Node ids, messages and names come from the network: none may move the cursor,
+/// forge a line or recolour a terminal.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    fn hidden(c: char) -> bool {
+        c.is_control()
+            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
+    }
+    if !s.chars().any(hidden) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match hidden(c) {
+            true => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            false => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Envoy's NACK of a resource of the wrong type quotes the whole response after
 /// ` in DiscoveryResponse `: resource contents, which are never kept. The quote is cut.
 pub fn without_response_dump(message: &str) -> &str {
@@ -758,6 +781,18 @@ mod tests {
             interner.len() < 200,
             "dead sets are swept: {}",
             interner.len()
+        );
+    }
+
+    #[test]
+    fn network_strings_print_escaped() {
+        assert_eq!(
+            printable("plain 'STRICT_DNS' ünï"),
+            "plain 'STRICT_DNS' ünï"
+        );
+        assert_eq!(
+            printable("a\u{1b}[2J\nb\u{1b}]0;x\u{7}\u{202e}c"),
+            "a\\u{1b}[2J\\u{a}b\\u{1b}]0;x\\u{7}\\u{202e}c"
         );
     }
 

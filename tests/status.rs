@@ -422,3 +422,152 @@ fn the_metrics_parser_is_strict() {
         "no EOF"
     );
 }
+
+/// A node id with ESC and a newline, and a NACK message with an OSC sequence and a newline,
+/// sent by a client through the `xdstap` binary: `xdstap status`, `xdstap rollout`,
+/// `xdstap watch` and the text log show them escaped (no raw control character, no forged
+/// line), while `-o json` carries the strings as JSON does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_strings_cannot_forge_terminal_lines() {
+    use envoy_types::pb::envoy::config::core::v3::Node;
+    use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+    use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+    use envoy_types::pb::google::rpc::Status;
+    use support::resources::{static_cluster, LDS};
+    use support::scripted::{response, Scripted};
+    let node = "evil\u{1b}[2J\nFORGED ROW";
+    let message = "bad\u{1b}]0;pwned\u{7}\nINFO forged line";
+    let cp = Scripted::default();
+    cp.on_first(response(CDS, "1", "n1", vec![static_cluster("a", 1000, 9)]));
+    cp.on_first(response(LDS, "1", "l1", vec![]));
+    let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = server.local_addr().unwrap().to_string();
+    let _server = cp.serve(server);
+    let free = || {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let (listen, admin) = (free(), free());
+    let dir = support::TempDir::new("forged");
+    let stderr = dir.path().join("stderr.log");
+    let _tap = support::Child(
+        Command::new(env!("CARGO_BIN_EXE_xdstap"))
+            .args([
+                "run",
+                "--listen",
+                &listen,
+                "--admin",
+                &admin,
+                "--upstream",
+                &upstream,
+            ])
+            .args(["--log-format", "text"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    support::eventually(10, "the tap listening", || {
+        std::net::TcpStream::connect(&admin).ok().map(|_| ())
+    })
+    .await;
+    let watch_out = dir.path().join("watch.out");
+    let watch_err = dir.path().join("watch.err");
+    let mut watch = support::Child(
+        Command::new(env!("CARGO_BIN_EXE_xdstap"))
+            .args(["watch", "--admin", &admin])
+            .stdout(std::fs::File::create(&watch_out).unwrap())
+            .stderr(std::fs::File::create(&watch_err).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    support::eventually(10, "watch started", || {
+        let err = std::fs::read_to_string(&watch_err).unwrap_or_default();
+        err.contains("watching the tap").then_some(())
+    })
+    .await;
+    let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{listen}"))
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(DiscoveryRequest {
+        node: Some(Node {
+            id: node.into(),
+            ..Default::default()
+        }),
+        type_url: CDS.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut responses = client
+        .stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let first = responses.message().await.unwrap().unwrap();
+    tx.send(DiscoveryRequest {
+        type_url: CDS.into(),
+        response_nonce: first.nonce.clone(),
+        error_detail: Some(Status {
+            code: 13,
+            message: message.into(),
+            details: vec![],
+        }),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    support::eventually(10, "the NACK at the control plane", || {
+        cp.answers_to("n1").first().cloned()
+    })
+    .await;
+    support::eventually(10, "the NACK in watch", || {
+        let out = std::fs::read_to_string(&watch_out).unwrap_or_default();
+        out.contains("NACK").then_some(())
+    })
+    .await;
+    watch.terminate();
+    let (_, status, _) = support::xdstap(&["status", "--admin", &admin]).await;
+    let (_, rollout, _) = support::xdstap(&["rollout", "1", "--admin", &admin]).await;
+    let (_, json, _) = support::xdstap(&["status", "--admin", &admin, "-o", "json"]).await;
+    let watched = std::fs::read_to_string(&watch_out).unwrap();
+    let log = std::fs::read_to_string(&stderr).unwrap();
+    for (what, text) in [
+        ("status", &status),
+        ("rollout", &rollout),
+        ("watch", &watched),
+        ("log", &log),
+    ] {
+        assert!(
+            !text.contains('\u{1b}') && !text.contains('\u{7}'),
+            "raw control in {what}:\n{text}"
+        );
+        assert!(
+            !text
+                .lines()
+                .any(|l| l.starts_with("FORGED ROW") || l.starts_with("INFO forged")),
+            "a forged line in {what}:\n{text}"
+        );
+        // The log writes `&str` values in their Debug form.
+        let escaped = match what {
+            "log" => "evil\\u{1b}[2J\\nFORGED ROW",
+            _ => "evil\\u{1b}[2J\\u{a}FORGED ROW",
+        };
+        assert!(
+            text.contains(escaped),
+            "the node id, escaped, in {what}:\n{text}"
+        );
+    }
+    assert!(
+        status.contains("bad\\u{1b}]0;pwned\\u{7}\\u{a}INFO forged line"),
+        "{status}"
+    );
+    assert!(
+        log.contains("bad\\u{1b}]0;pwned\\u{7}\\u{a}INFO forged line"),
+        "{log}"
+    );
+    // JSON is JSON: the strings parse back as sent.
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["nodes"][0]["id"], node);
+}

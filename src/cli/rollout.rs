@@ -92,6 +92,13 @@ fn run_resource(args: &RolloutArgs, name: &str, version: &str) -> ExitCode {
     match args.output {
         super::Output::Json => println!("{json:#}"),
         _ => {
+            let table_rows: Vec<Vec<String>> = (table_rows.iter())
+                .map(|r| {
+                    r.iter()
+                        .map(|c| crate::xds::printable(c).into_owned())
+                        .collect()
+                })
+                .collect();
             print!("{}", table(&table_rows));
             println!(
                 "\n{name} from {version}: run by {runs} of {} node(s), rejected by {rejected}",

@@ -96,7 +96,7 @@ pub async fn fetch_resources(
 }
 
 /// A node's resources, printed as a JSON array or a table.
-#[derive(serde::Serialize)]
+#[derive(serde::Serialize, serde::Deserialize)]
 #[serde(transparent)]
 struct ResourceRows(Vec<serde_json::Value>);
 

@@ -72,6 +72,7 @@ async fn wait(args: &WaitArgs) -> ExitCode {
             Ok(r) => r.into_inner().into(),
             Err(e) => return tap.failed(e).exit("wait"),
         };
+        let report = super::printable_copy(&report);
         let rollouts = &report.rollouts;
         match outcome(rollouts, args.settle.0) {
             Outcome::Accepted => {

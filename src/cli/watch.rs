@@ -52,7 +52,7 @@ async fn watch(args: &WatchArgs) -> ExitCode {
         }
         let line = match args.output {
             Output::Json => json(&e).to_string(),
-            _ => line(&e, wide),
+            _ => crate::xds::printable(&line(&e, wide)).into_owned(),
         };
         // A closed pipe (`| head`) ends the watch quietly.
         if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {

@@ -26,6 +26,13 @@ use crate::observe::rollout::Rollouts;
 use crate::observe::watch::Watchers;
 use crate::proxy::{Endpoint, Listener};
 
+/// Admin connections open at once at most (watchers and CSDS streams hold one each).
+const MAX_CONNECTIONS: usize = 256;
+
+/// HTTP/1.1: a request's headers must arrive within this, and an idle kept-alive connection
+/// closes after it.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// What the admin server shows.
 pub struct Admin {
     /// Sync status.
@@ -45,11 +52,17 @@ pub async fn serve(listener: Listener, admin: Arc<Admin>) {
     let grpc = tonic::service::Routes::new(TapServer::new(api::TapApi(admin.clone()))).add_service(
         ClientStatusDiscoveryServiceServer::new(csds::Csds(admin.clone())),
     );
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let mut failures = crate::proxy::AcceptFailures::default();
     loop {
+        // Past the bound, new clients wait in the kernel's backlog, holding no descriptor.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
         let conn = match listener.accept().await {
             Ok((io, _)) => io,
             Err(e) => {
-                tracing::warn!("admin accept failed: {e}");
+                failures.note(&e);
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
@@ -57,6 +70,11 @@ pub async fn serve(listener: Listener, admin: Arc<Admin>) {
         let admin = admin.clone();
         let grpc = grpc.clone();
         tokio::spawn(async move {
+            let _slot = slot;
+            let timeout = crate::proxy::listen::FIRST_BYTES_TIMEOUT;
+            let Some(conn) = crate::proxy::listen::first_bytes(conn, timeout).await else {
+                return;
+            };
             let service = hyper::service::service_fn(move |req: Request<Incoming>| {
                 let admin = admin.clone();
                 let mut grpc = grpc.clone();
@@ -67,7 +85,14 @@ pub async fn serve(listener: Listener, admin: Arc<Admin>) {
                     Ok::<_, Infallible>(handle(&admin, req).await.map(Body::new))
                 }
             });
-            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            // A request's headers, and the wait for the next on a kept-alive connection, within
+            // HEADER_TIMEOUT.
+            builder
+                .http1()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT);
+            let _ = builder
                 .serve_connection_with_upgrades(TokioIo::new(conn), service)
                 .await;
         });

@@ -73,6 +73,31 @@ fn check_config(file: &std::path::Path, flags: Option<&ArgMatches>) -> ExitCode 
     ExitCode::SUCCESS
 }
 
+/// Raises the soft limit of open files to the hard one: each client holds one descriptor, and
+/// one more to the control plane.
+fn raise_open_files_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit only read and write the struct passed.
+    let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
+    if !got || limit.rlim_cur >= limit.rlim_max {
+        return;
+    }
+    let was = limit.rlim_cur;
+    limit.rlim_cur = limit.rlim_max;
+    // SAFETY: as above.
+    match unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } == 0 {
+        true => tracing::info!(
+            from = was,
+            to = limit.rlim_max,
+            "Raised the open files limit"
+        ),
+        false => tracing::warn!(limit = was, "Could not raise the open files limit"),
+    }
+}
+
 fn runtime(threads: Option<usize>) -> Result<tokio::runtime::Runtime, ExitCode> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Some(n) = threads {
@@ -86,6 +111,7 @@ fn runtime(threads: Option<usize>) -> Result<tokio::runtime::Runtime, ExitCode> 
 
 fn run(config: Config) -> ExitCode {
     init_logging(config.log_format, &config.log_level);
+    raise_open_files_limit();
     let runtime = match runtime(Some(config.threads)) {
         Ok(r) => r,
         Err(code) => return code,

@@ -11,7 +11,7 @@
 
 mod frame;
 mod headers;
-mod listen;
+pub(crate) mod listen;
 mod observation;
 mod relay;
 mod tls;
@@ -168,6 +168,9 @@ pub struct ProxyStats {
     pub upstream_connect_errors: AtomicU64,
     /// Downstream connections that failed their TLS handshake.
     pub handshake_errors: AtomicU64,
+    /// Connections closed because the client sent nothing within
+    /// [`listen::FIRST_BYTES_TIMEOUT`] (never a control-plane connection for them).
+    pub silent_connections: AtomicU64,
     /// Connections whose relay ended with an I/O error on either side.
     pub connection_errors: AtomicU64,
     /// Most bytes one direction of a connection ever held inside the tap (read, not yet
@@ -272,6 +275,7 @@ impl Proxy {
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut connections = JoinSet::new();
         let mut next_conn: u64 = 0;
+        let mut accept_failed = AcceptFailures::default();
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
@@ -284,8 +288,9 @@ impl Proxy {
                         connections.spawn(connection(io, tls, peer, next_conn, shared, stop_rx.clone()));
                     }
                     Err(e) => {
-                        // EMFILE and friends: back off briefly instead of spinning.
-                        tracing::warn!(error = %e, "Accept failed");
+                        // EMFILE and friends: back off briefly instead of spinning, serving
+                        // what is open, and say so once in a while with a count.
+                        accept_failed.note(&e);
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 },
@@ -307,6 +312,27 @@ impl Proxy {
             );
             // Cutting a relay drops its observation: its open streams end there and then.
             connections.shutdown().await;
+        }
+    }
+}
+
+/// Accept failures (EMFILE and friends), logged at most once per [`AcceptFailures::EVERY`] with
+/// how many there were.
+#[derive(Default)]
+pub(crate) struct AcceptFailures {
+    since_log: u64,
+    logged: Option<std::time::Instant>,
+}
+
+impl AcceptFailures {
+    const EVERY: Duration = Duration::from_secs(5);
+
+    pub(crate) fn note(&mut self, e: &std::io::Error) {
+        self.since_log += 1;
+        if self.logged.is_none_or(|at| at.elapsed() >= Self::EVERY) {
+            tracing::warn!(error = %e, failures = self.since_log, "Accept failed; backing off");
+            self.logged = Some(std::time::Instant::now());
+            self.since_log = 0;
         }
     }
 }
@@ -340,6 +366,12 @@ async fn connection(
             }
         },
         None => io,
+    };
+    // No control-plane connection for a client that never speaks.
+    let Some(io) = listen::first_bytes(io, listen::FIRST_BYTES_TIMEOUT).await else {
+        ProxyStats::add(&stats.silent_connections, 1);
+        tracing::debug!(conn = conn_id, %peer, "Connection closed: nothing sent");
+        return;
     };
     let upstream = match shared.connector.dial(timeout).await {
         Ok(u) => u,

@@ -189,6 +189,12 @@ impl Sources {
                 read(&p.handshake_errors),
             ),
             one(
+                "xdstap_silent_connections",
+                "Client connections closed because they sent nothing within 10 s (never dialled upstream).",
+                C,
+                read(&p.silent_connections),
+            ),
+            one(
                 "xdstap_connection_errors",
                 "Client connections that ended with an error after the handshake.",
                 C,

@@ -17,6 +17,85 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> AsyncIo for T {}
 /// A boxed connection: TCP, Unix, or either under TLS.
 pub type Io = Box<dyn AsyncIo>;
 
+/// How long a new connection may stay silent before it is closed: an xDS client speaks first
+/// (the HTTP/2 preface), as does an admin client; one that never does holds a descriptor and,
+/// on the xDS listener, would hold a connection to the control plane too.
+pub const FIRST_BYTES_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Waits at most `timeout` for the peer's first bytes; gives back the connection with them
+/// still to be read, or `None` when the peer said nothing (or closed) in time.
+pub async fn first_bytes(mut io: Io, timeout: std::time::Duration) -> Option<Io> {
+    use tokio::io::AsyncReadExt;
+    let mut first = vec![0u8; 4096];
+    match tokio::time::timeout(timeout, io.read(&mut first)).await {
+        Ok(Ok(n)) if n > 0 => {
+            first.truncate(n);
+            Some(Box::new(Prefixed { first, at: 0, io }))
+        }
+        _ => None,
+    }
+}
+
+/// A connection whose first bytes were read already: they are read again first.
+struct Prefixed {
+    first: Vec<u8>,
+    at: usize,
+    io: Io,
+}
+
+impl AsyncRead for Prefixed {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        if self.at < self.first.len() {
+            let n = (self.first.len() - self.at).min(buf.remaining());
+            let at = self.at;
+            buf.put_slice(&self.first[at..at + n]);
+            self.at += n;
+            if self.at == self.first.len() {
+                self.first = Vec::new();
+                self.at = 0;
+            }
+            return std::task::Poll::Ready(Ok(()));
+        }
+        std::pin::Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Prefixed {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, data)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> std::task::Poll<io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
 /// A socket address as users write it: `host:port` or `unix:/path`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Endpoint {

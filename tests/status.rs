@@ -571,3 +571,67 @@ async fn network_strings_cannot_forge_terminal_lines() {
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v["nodes"][0]["id"], node);
 }
+
+/// Watch filters are bounded: a node glob past 256 characters (a 2 MB one among them; gRPC
+/// refuses 4 MB itself) is refused naming the field, over the API and from `xdstap watch`; at most 64 watchers watch at
+/// once, the next is told so, and a seat frees when a watch ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_filters_and_watchers_are_bounded() {
+    use xdstap::api::tap::tap_client::TapClient;
+    use xdstap::api::tap::WatchRequest;
+    let m = monitored("127.0.0.1:9", StatusSettings::default()).await;
+    let mut client = TapClient::connect(format!("http://{}", m.admin))
+        .await
+        .unwrap();
+    // Past 4 MiB the gRPC layer refuses the request itself; below, the filter's bound.
+    for (glob, code) in [
+        ("*a".repeat(2 << 20), tonic::Code::OutOfRange),
+        ("*a".repeat(1 << 20), tonic::Code::InvalidArgument),
+    ] {
+        let request = WatchRequest {
+            node: glob,
+            ..Default::default()
+        };
+        let refused = client.watch(request).await.err().expect("refused");
+        assert_eq!(refused.code(), code, "{refused:?}");
+    }
+    let request = WatchRequest {
+        node: "*".repeat(257),
+        ..Default::default()
+    };
+    let refused = client.watch(request).await.err().expect("refused");
+    assert!(refused.message().starts_with("node: "), "{refused:?}");
+    let long = "x".repeat(300);
+    let (code, _, err) = support::xdstap(&["watch", "--admin", &m.admin, "--node", &long]).await;
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("node: a glob of at most 256 characters"),
+        "{err}"
+    );
+    let mut open = Vec::new();
+    let exhausted = loop {
+        match client.watch(WatchRequest::default()).await {
+            Ok(s) => open.push(s.into_inner()),
+            Err(e) => break e,
+        }
+        assert!(open.len() <= 64, "more than 64 watchers let in");
+    };
+    assert_eq!(
+        exhausted.code(),
+        tonic::Code::ResourceExhausted,
+        "{exhausted:?}"
+    );
+    assert!(open.len() >= 60, "only {} watchers let in", open.len());
+    // One ends: its seat is free again.
+    drop(open.pop());
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while client.watch(WatchRequest::default()).await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the seat never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(open);
+    m.tap.close().await;
+}

@@ -62,19 +62,68 @@ impl tap_server::Tap for TapApi {
                 )));
             }
         }
+        if filter.node.chars().count() > MAX_PATTERN {
+            return Err(Status::invalid_argument(format!(
+                "node: a glob of at most {MAX_PATTERN} characters"
+            )));
+        }
+        if filter.types.len() > MAX_TYPES || filter.types.iter().any(|t| t.len() > MAX_PATTERN) {
+            return Err(Status::invalid_argument(format!(
+                "types: at most {MAX_TYPES}, each at most {MAX_PATTERN} characters"
+            )));
+        }
+        let Some(seat) = Seat::take(&WATCHERS) else {
+            return Err(Status::resource_exhausted(format!(
+                "{MAX_WATCHERS} watchers already; try again when one ends"
+            )));
+        };
+        // The glob is taken apart once, not per event.
+        let node: Vec<char> = filter.node.chars().collect();
         let mut missed = 0;
         let events = BroadcastStream::new(self.0.watchers.subscribe());
-        let stream = events.filter_map(move |e| match e {
-            Err(BroadcastStreamRecvError::Lagged(n)) => {
-                missed += n;
-                None
+        let stream = events.filter_map(move |e| {
+            let _seat = &seat;
+            match e {
+                Err(BroadcastStreamRecvError::Lagged(n)) => {
+                    missed += n;
+                    None
+                }
+                Ok(e) => watch_event(&e, &filter, &node).map(|mut w| {
+                    w.missed = std::mem::take(&mut missed);
+                    Ok(w)
+                }),
             }
-            Ok(e) => watch_event(&e, &filter).map(|mut w| {
-                w.missed = std::mem::take(&mut missed);
-                Ok(w)
-            }),
         });
         Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+/// Watchers at once at most, over every tap in the process.
+const MAX_WATCHERS: usize = 64;
+/// The longest node glob or type a watcher may give.
+const MAX_PATTERN: usize = 256;
+/// The most types a watcher may name.
+const MAX_TYPES: usize = 16;
+
+static WATCHERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// One of [`MAX_WATCHERS`] seats, given back when the watch ends.
+struct Seat(&'static std::sync::atomic::AtomicUsize);
+
+impl Seat {
+    fn take(count: &'static std::sync::atomic::AtomicUsize) -> Option<Seat> {
+        use std::sync::atomic::Ordering;
+        let update = |n: usize| (n < MAX_WATCHERS).then_some(n + 1);
+        (count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, update)
+            .ok())
+        .map(|_| Seat(count))
+    }
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }
 
@@ -91,7 +140,11 @@ const KINDS: [&str; 8] = [
 ];
 
 /// `event` as the watcher sees it, when its filter lets it through.
-fn watch_event(event: &Event, filter: &tap::WatchRequest) -> Option<tap::WatchEvent> {
+fn watch_event(
+    event: &Event,
+    filter: &tap::WatchRequest,
+    node_glob: &[char],
+) -> Option<tap::WatchEvent> {
     let at = event.context();
     let node = at.node.as_ref().map(|n| n.id.as_str()).unwrap_or("");
     let kind = match event {
@@ -108,7 +161,7 @@ fn watch_event(event: &Event, filter: &tap::WatchRequest) -> Option<tap::WatchEv
     };
     if !kind_wanted
         || !type_wanted(&filter.types, &at.type_url)
-        || !(filter.node.is_empty() || glob(&filter.node, node))
+        || !(node_glob.is_empty() || glob_chars(node_glob, node))
     {
         return None;
     }
@@ -182,7 +235,12 @@ fn watch_event(event: &Event, filter: &tap::WatchRequest) -> Option<tap::WatchEv
 
 /// Whether `text` matches `pattern`, where `*` is any run of characters and `?` any one.
 pub fn glob(pattern: &str, text: &str) -> bool {
-    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    glob_chars(&pattern.chars().collect::<Vec<_>>(), text)
+}
+
+/// [`glob`] with the pattern taken apart already.
+fn glob_chars(p: &[char], text: &str) -> bool {
+    let t: Vec<char> = text.chars().collect();
     // The last `*` seen and where in `text` it took over; on a mismatch it takes one more.
     let (mut i, mut j, mut star) = (0, 0, None);
     while j < t.len() {

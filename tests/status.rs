@@ -592,14 +592,14 @@ async fn watch_filters_and_watchers_are_bounded() {
             node: glob,
             ..Default::default()
         };
-        let refused = client.watch(request).await.err().expect("refused");
+        let refused = client.watch(request).await.expect_err("refused");
         assert_eq!(refused.code(), code, "{refused:?}");
     }
     let request = WatchRequest {
         node: "*".repeat(257),
         ..Default::default()
     };
-    let refused = client.watch(request).await.err().expect("refused");
+    let refused = client.watch(request).await.expect_err("refused");
     assert!(refused.message().starts_with("node: "), "{refused:?}");
     let long = "x".repeat(300);
     let (code, _, err) = support::xdstap(&["watch", "--admin", &m.admin, "--node", &long]).await;

@@ -18,6 +18,8 @@ use crate::config::{Duration, Options, SpanOptions, DEFAULT_ADMIN};
 pub const EX_USAGE: u8 = 64;
 /// EX_UNAVAILABLE: the tap's admin server could not be asked.
 pub const EX_UNAVAILABLE: u8 = 69;
+/// The tap answered, and knows no node of that id (`xdstap status --node`).
+pub const EX_NO_NODE: u8 = 3;
 
 /// A transparent tap between xDS clients (Envoy, proxyless gRPC) and their control plane.
 /// It forwards HTTP/2 unchanged and tells you which proxy accepted or rejected which config push.
@@ -234,7 +236,7 @@ pub struct StatusArgs {
     /// The tap's admin address: host:port or unix:/path.
     #[arg(long, value_name = "ADDR", env = "XDSTAP_ADMIN", default_value = DEFAULT_ADMIN)]
     pub admin: String,
-    /// Show only this node.
+    /// Show only this node; exits 3 when the tap knows no node of that id.
     #[arg(long, value_name = "ID")]
     pub node: Option<String>,
     /// List that node's resources one a line (over CSDS): the version whose content it runs,

@@ -170,15 +170,34 @@ fn demo(args: xdstap::cli::DemoArgs) -> ExitCode {
     }
 }
 
+/// The first SIGTERM, SIGINT or SIGHUP starts a graceful stop (open streams get the grace to
+/// finish); a second one of any stops the process at once.
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut term = match signal(SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(_) => return std::future::pending().await,
+    let (Ok(term), Ok(int), Ok(hup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
+    ) else {
+        return std::future::pending().await;
     };
+    let mut signals = [term, int, hup];
+    let first = next_signal(&mut signals).await;
+    tracing::info!("{first} received: stopping gracefully (a second signal stops at once)");
+    tokio::spawn(async move {
+        let second = next_signal(&mut signals).await;
+        tracing::warn!("{second} received: stopping now");
+        std::process::exit(1);
+    });
+}
+
+/// The name of the next of SIGTERM, SIGINT, SIGHUP to arrive.
+async fn next_signal(signals: &mut [tokio::signal::unix::Signal; 3]) -> &'static str {
+    let [term, int, hup] = signals;
     tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+        _ = hup.recv() => "SIGHUP",
     }
 }
 

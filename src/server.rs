@@ -219,7 +219,8 @@ async fn bind_admin(config: &Config) -> Result<Option<Listener>, StartError> {
     let Some(a) = &config.admin else {
         return Ok(None);
     };
-    let listener = (Listener::bind(&a.address).await).map_err(|source| StartError::Admin {
+    let bound = Listener::bind(&a.address).await;
+    let listener = (bound.and_then(Listener::owner_only)).map_err(|source| StartError::Admin {
         option: option_name("admin.address"),
         address: a.address.to_string(),
         source,

@@ -198,7 +198,7 @@ async fn two_envoys_one_rejects_its_config() {
         "node-9".into(),
     ])
     .await;
-    assert_eq!(code, 69, "an unknown node is not an answer");
+    assert_eq!(code, 3, "an unknown node has an exit code of its own");
 
     // The fix: both SYNCED, exit 0.
     cp.set_for_node("node-2", Snapshot::standard("v3", 2000, 1000, 9));
@@ -634,4 +634,115 @@ async fn watch_filters_and_watchers_are_bounded() {
     }
     drop(open);
     m.tap.close().await;
+}
+
+/// The smaller surfaces: under `umask 000` the admin socket, the event log and the spans file
+/// are still the owner's alone (0600); `xdstap status --node` for an unknown id exits 3, not
+/// 69; SIGHUP stops gracefully like SIGTERM; and with an ADS stream open (so the grace would
+/// run its full 10 s), a second signal stops the tap at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owner_only_files_exit_codes_and_signals() {
+    use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+    use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+    use std::os::unix::fs::PermissionsExt;
+    use support::resources::{static_cluster, LDS};
+    use support::scripted::{response, Scripted};
+    let cp = Scripted::default();
+    cp.on_first(response(CDS, "1", "n1", vec![static_cluster("a", 1000, 9)]));
+    cp.on_first(response(LDS, "1", "l1", vec![]));
+    let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = server.local_addr().unwrap().to_string();
+    let _server = cp.serve(server);
+    let dir = support::TempDir::new("modes");
+    let (sock, events, spans) = (
+        dir.path().join("admin.sock"),
+        dir.path().join("events.jsonl"),
+        dir.path().join("spans.jsonl"),
+    );
+    let log = dir.path().join("tap.log");
+    let listen = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let start = || {
+        let script = format!(
+            "umask 000; exec {} run --listen {listen} --upstream {upstream} --admin unix:{} \
+             --event-log {} --spans-file {}",
+            env!("CARGO_BIN_EXE_xdstap"),
+            sock.display(),
+            events.display(),
+            spans.display()
+        );
+        support::Child(
+            Command::new("sh")
+                .args(["-c", &script])
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).unwrap())
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let mut tap = start();
+    support::listening(&sock).await;
+    support::eventually(10, "the event log", || events.exists().then_some(())).await;
+    support::eventually(10, "the spans file", || spans.exists().then_some(())).await;
+    assert_eq!(mode(&sock), 0o600, "the admin socket");
+    assert_eq!(mode(&events), 0o600, "the event log");
+    assert_eq!(mode(&spans), 0o600, "the spans file");
+    let admin = format!("unix:{}", sock.display());
+    let (code, _, err) = support::xdstap(&["status", "--admin", &admin, "--node", "nosuch"]).await;
+    assert_eq!(code, 3, "{err}");
+    // SIGHUP: a graceful stop.
+    let kill = |sig: &str, pid: u32| {
+        Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .unwrap();
+    };
+    kill("-HUP", tap.id());
+    let status = tap.0.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("SIGHUP received: stopping gracefully"),
+        "{text}"
+    );
+    // With a stream open, the second SIGTERM cuts the grace.
+    let _ = std::fs::remove_file(&sock);
+    let tap = start();
+    support::listening(&sock).await;
+    let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{listen}"))
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(DiscoveryRequest {
+        type_url: CDS.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut responses = client
+        .stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    responses.message().await.unwrap().unwrap();
+    let mut tap = tap;
+    kill("-TERM", tap.id());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        tap.0.try_wait().unwrap().is_none(),
+        "the grace holds the open stream"
+    );
+    let t0 = std::time::Instant::now();
+    kill("-TERM", tap.id());
+    let status = tap.0.wait().unwrap();
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "stopped after {:?}",
+        t0.elapsed()
+    );
+    assert!(!status.success());
+    drop(tx);
 }

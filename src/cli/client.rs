@@ -32,6 +32,9 @@ pub enum AskError {
     /// The call failed.
     #[error("the tap at {0} answered: {1}")]
     Call(String, String),
+    /// The tap answered that it knows no such node.
+    #[error("the tap at {0} answered: {1}")]
+    NoSuchNode(String, String),
 }
 
 impl AskError {
@@ -41,6 +44,10 @@ impl AskError {
             AskError::Address(..) => {
                 eprintln!("error: {self}");
                 ExitCode::from(EX_USAGE)
+            }
+            AskError::NoSuchNode(..) => {
+                eprintln!("xdstap {command}: {self}");
+                ExitCode::from(super::EX_NO_NODE)
             }
             _ => {
                 eprintln!("xdstap {command}: {self}");
@@ -99,7 +106,11 @@ impl Tap {
 
     /// A failed call, as an error naming the tap.
     pub fn failed(&self, status: tonic::Status) -> AskError {
-        AskError::Call(self.admin.clone(), status.message().to_string())
+        let message = status.message().to_string();
+        match status.code() {
+            tonic::Code::NotFound => AskError::NoSuchNode(self.admin.clone(), message),
+            _ => AskError::Call(self.admin.clone(), message),
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! `xdstap status`: asks a running tap for its status board and prints a table like
 //! `istioctl proxy-status`, a column per type, with the reason for every NACKED or STALE type
-//! below it. The exit status serves scripts: 0 all fine, 1 some node NACKED or STALE, 69 the tap
-//! could not be asked.
+//! below it. The exit status serves scripts: 0 all fine, 1 some node NACKED or STALE, 3 the
+//! tap knows no node of the `--node` given, 69 the tap could not be asked.
 
 use std::process::ExitCode;
 
@@ -33,7 +33,7 @@ fn run_resources(admin: &str, node: &str, output: super::Output) -> ExitCode {
     };
     if rows.is_empty() {
         eprintln!("xdstap status: the tap knows no resources of node {node:?}");
-        return ExitCode::from(1);
+        return ExitCode::from(super::EX_NO_NODE);
     }
     // DOES_NOT_EXIST with an error: its TTL lapsed, the client dropped it.
     let bad = |r: &serde_json::Value| match r["client"].as_str() {

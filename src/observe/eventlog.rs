@@ -18,7 +18,15 @@ pub struct EventLog {
 impl EventLog {
     /// Opens (creates, appends to) `path`.
     pub fn open(path: &Path) -> std::io::Result<EventLog> {
-        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        // Owner only when the tap creates it, whatever the umask; an existing file keeps its mode.
+        let file = {
+            use std::os::unix::fs::OpenOptionsExt;
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o600)
+                .open(path)?
+        };
         Ok(EventLog {
             path: path.into(),
             out: Some(BufWriter::new(file)),

@@ -277,9 +277,12 @@ struct JsonLines {
 
 impl JsonLines {
     fn create(path: &std::path::Path, resource: &Resource) -> Result<JsonLines, SetupError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Owner only when the tap creates it, whatever the umask.
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .mode(0o600)
             .open(path)
             .map_err(|e| SetupError(format!("span file {}: {e}", path.display())))?;
         Ok(JsonLines {

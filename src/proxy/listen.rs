@@ -181,6 +181,16 @@ impl Listener {
         Ok(Listener { socket, tls: None })
     }
 
+    /// Lets only the tap's own user connect to a Unix socket (0600), whatever the umask: the
+    /// admin socket answers for every node of the mesh. TCP is untouched.
+    pub fn owner_only(self) -> io::Result<Self> {
+        if let Socket::Unix(_, path, _) = &self.socket {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        }
+        Ok(self)
+    }
+
     /// Accepts TLS on this listener when `tls` is given.
     pub fn with_tls(mut self, tls: Option<TlsAcceptor>) -> Self {
         self.tls = tls;

@@ -540,6 +540,54 @@ pub struct Config {
 }
 
 impl Config {
+    /// What `run` needs of the outputs, checked without opening them: the directories of the
+    /// event log and the spans file exist, and the OTLP endpoint is a URL. `check-config` runs
+    /// it, so that what it calls valid `run` does not reject.
+    pub fn check_outputs(&self) -> Result<(), ConfigError> {
+        let in_a_directory = |id: &str, path: &std::path::Path| {
+            let dir = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => std::path::Path::new("."),
+            };
+            match dir.is_dir() {
+                true => Ok(()),
+                false => Err(ConfigError::Invalid {
+                    option: option_name(id),
+                    value: path.display().to_string(),
+                    reason: format!("the directory {} does not exist", dir.display()),
+                }),
+            }
+        };
+        if let Some(path) = &self.event_log {
+            in_a_directory("event_log", path)?;
+        }
+        let Some(spans) = &self.spans else {
+            return Ok(());
+        };
+        if let Some(path) = &spans.file {
+            in_a_directory("spans.file", path)?;
+        }
+        // The exporter reads the variables itself when no endpoint is given.
+        let endpoint = (spans.endpoint.clone())
+            .or_else(|| env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+            .or_else(|| env("OTEL_EXPORTER_OTLP_ENDPOINT"));
+        if let Some(endpoint) = endpoint.as_deref().filter(|_| spans.file.is_none()) {
+            let uri = endpoint.parse::<http::Uri>().ok();
+            let ok = uri.is_some_and(|u| {
+                matches!(u.scheme_str(), Some("http" | "https")) && u.authority().is_some()
+            });
+            if !ok {
+                return Err(ConfigError::Invalid {
+                    option: option_name("spans.endpoint") + " or OTEL_EXPORTER_OTLP_ENDPOINT",
+                    value: endpoint.to_string(),
+                    reason: "expected an http:// or https:// URL, e.g. http://127.0.0.1:4317"
+                        .into(),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// The downstream TLS acceptor, reading the PEM files: an error names the options.
     pub fn tls_acceptor(&self) -> Result<Option<tokio_rustls::TlsAcceptor>, ConfigError> {
         let Some(t) = &self.tls else { return Ok(None) };

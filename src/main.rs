@@ -61,7 +61,10 @@ fn check_config(file: &std::path::Path, flags: Option<&ArgMatches>) -> ExitCode 
         Ok(c) => c,
         Err(code) => return code,
     };
-    if let Err(e) = config.tls_acceptor().and(config.upstream_connector()) {
+    if let Err(e) = (config.check_outputs())
+        .and(config.tls_acceptor().map(drop))
+        .and(config.upstream_connector().map(drop))
+    {
         return usage_error(e);
     }
     println!(
@@ -110,6 +113,9 @@ fn runtime(threads: Option<usize>) -> Result<tokio::runtime::Runtime, ExitCode> 
 }
 
 fn run(config: Config) -> ExitCode {
+    if let Err(e) = config.check_outputs() {
+        return usage_error(e);
+    }
     init_logging(config.log_format, &config.log_level);
     raise_open_files_limit();
     let runtime = match runtime(Some(config.threads)) {

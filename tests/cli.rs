@@ -334,3 +334,45 @@ fn one_pinned_envoy() {
         xdstap::demo::envoy::PINNED
     );
 }
+
+/// `check-config` checks what `run` would reject: an event log or spans file in a directory
+/// that does not exist, and an OTLP endpoint that is no URL (from the flag or the environment),
+/// each named; `run` refuses them the same way, before it listens.
+#[test]
+fn check_config_checks_what_run_checks() {
+    let dir = std::env::temp_dir().join(format!("xdstap-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("tap.yaml");
+    std::fs::write(&file, "listen: 127.0.0.1:0\nupstream: 127.0.0.1:2\n").unwrap();
+    let cases: [(&[&str], &[(&str, &str)], &str); 3] = [
+        (
+            &["--event-log", "/nonexistent/dir/events.jsonl"],
+            &[],
+            "event_log (--event-log)",
+        ),
+        (
+            &["--spans-file", "/nonexistent/dir/spans.jsonl"],
+            &[],
+            "spans.file (--spans-file)",
+        ),
+        (
+            &[],
+            &[("OTEL_EXPORTER_OTLP_ENDPOINT", "::::")],
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+        ),
+    ];
+    for (flags, env, named) in cases {
+        for command in ["check-config", "run"] {
+            let mut c = xdstap();
+            match command {
+                "check-config" => c.arg("check-config").arg(&file),
+                _ => c.args(["run", "--config"]).arg(&file),
+            };
+            let out = c.args(flags).envs(env.iter().copied()).output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(64), "{command} {flags:?}: {err}");
+            assert!(err.contains(named), "{command} {flags:?}: {err}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

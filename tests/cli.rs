@@ -344,7 +344,9 @@ fn check_config_checks_what_run_checks() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("tap.yaml");
     std::fs::write(&file, "listen: 127.0.0.1:0\nupstream: 127.0.0.1:2\n").unwrap();
-    let cases: [(&[&str], &[(&str, &str)], &str); 3] = [
+    /// Flags, environment, and the option the error must name.
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case; 3] = [
         (
             &["--event-log", "/nonexistent/dir/events.jsonl"],
             &[],

@@ -441,6 +441,8 @@ struct Board {
     /// stream id -> node key, for stream ends.
     streams: HashMap<u64, String>,
     evicted: u64,
+    /// New nodes not tracked: the board was full of connected nodes.
+    untracked: u64,
     last_sweep: Timestamp,
 }
 
@@ -468,9 +470,14 @@ impl StatusBoard {
         }
     }
 
-    /// Nodes evicted to stay under `max_nodes`.
+    /// Disconnected nodes evicted to stay under `max_nodes`.
     pub fn evicted(&self) -> u64 {
         self.lock().evicted
+    }
+
+    /// New nodes left off the board because every node on it was connected.
+    pub fn untracked(&self) -> u64 {
+        self.lock().untracked
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Board> {
@@ -496,7 +503,9 @@ impl StatusBoard {
             if matches!(event, Event::StreamEnd { .. }) {
                 return;
             }
-            self.make_room(&mut board);
+            if !self.make_room(&mut board) {
+                return;
+            }
             board.nodes.insert(
                 key.to_string(),
                 NodeEntry {
@@ -556,19 +565,24 @@ impl StatusBoard {
         }
     }
 
-    fn make_room(&self, board: &mut Board) {
+    /// Room for one more node under `max_nodes`: a disconnected node leaves (the longest idle
+    /// first). A connected node never does: when every node is connected, the new one is not
+    /// tracked (counted), so a flood of made-up clients cannot push a real one off the board.
+    fn make_room(&self, board: &mut Board) -> bool {
         while board.nodes.len() >= self.settings.max_nodes.max(1) {
-            // Disconnected nodes go first, then the longest idle.
-            let victim = board
-                .nodes
-                .iter()
-                .min_by_key(|(_, n)| (n.disconnected_at.is_none(), n.last_seen))
+            let victim = (board.nodes.iter())
+                .filter(|(_, n)| n.disconnected_at.is_some())
+                .min_by_key(|(_, n)| n.last_seen)
                 .map(|(k, _)| k.clone());
-            let Some(victim) = victim else { break };
+            let Some(victim) = victim else {
+                board.untracked += 1;
+                return false;
+            };
             board.nodes.remove(&victim);
             board.streams.retain(|_, k| *k != victim);
             board.evicted += 1;
         }
+        true
     }
 
     /// The status of every node (or one), as of `now`.
@@ -860,10 +874,22 @@ mod tests {
             .collect();
         assert_eq!(
             ids,
-            ["live-7", "live-8", "live-9"],
-            "the longest idle went first"
+            ["live-0", "live-1", "live-2"],
+            "connected nodes stay; the new ones are not tracked"
         );
-        assert_eq!(board.evicted(), 7);
+        assert_eq!((board.evicted(), board.untracked()), (0, 7));
+        // Once one disconnects, it makes room.
+        let mut c = stream(11);
+        c.on_stream_end(Some(0), "bye", 82 * S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        let mut late = stream(31);
+        late.on_request(req(Some("late"), "", "", None), 83 * S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        let ids: Vec<String> = (board.report(84 * S, None).nodes.into_iter())
+            .map(|n| n.id)
+            .collect();
+        assert_eq!(ids, ["late", "live-0", "live-2"]);
+        assert_eq!((board.evicted(), board.untracked()), (1, 7));
     }
 
     #[test]

@@ -275,6 +275,18 @@ impl Sources {
             .into_iter()
             .map(|(name, help, c)| one(name, help, C, read(c)))
             .collect();
+        all.push(one(
+            "xdstap_nodes_evicted",
+            "Disconnected nodes dropped from the status board to stay under max_nodes.",
+            C,
+            self.status.evicted(),
+        ));
+        all.push(one(
+            "xdstap_nodes_untracked",
+            "New nodes left off the status board: every node on it was connected (max_nodes).",
+            C,
+            self.status.untracked(),
+        ));
         all.push(by(
             "xdstap_forwarded_messages",
             "gRPC messages forwarded, by direction.",

@@ -1,6 +1,6 @@
 //! The admin server (loopback by default), HTTP/1.1 and HTTP/2 on one address. HTTP: `/status`
 //! and `/rollouts` (JSON), `/metrics` (Prometheus / OpenMetrics text), `/healthz`, `/readyz`
-//! (listening, and the upstream answers a connect). gRPC (any request of content-type
+//! (listening, and the upstream answers HTTP/2, as of at most a second ago). gRPC (any request of content-type
 //! `application/grpc`): the tap's own API, `xdstap.v1.Tap` ([`api`]), and CSDS ([`csds`]).
 
 pub mod api;
@@ -45,7 +45,37 @@ pub struct Admin {
     pub registry: Registry,
     /// The control plane, for `/readyz`.
     pub upstream: Endpoint,
+    /// How the tap dials it (TLS included), for `/readyz`.
+    pub connector: crate::proxy::Connector,
+    /// The last readiness check and when it ran: `/readyz` dials at most once a second.
+    pub ready: std::sync::Mutex<Option<(std::time::Instant, Result<(), String>)>>,
 }
+
+impl Admin {
+    /// Whether the control plane answers HTTP/2, as of at most a second ago. A change is logged
+    /// once, naming the likely cause.
+    async fn ready(&self) -> Result<(), String> {
+        let lock = || self.ready.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, r)) = lock().as_ref().filter(|(at, _)| at.elapsed() < READY_FOR) {
+            return r.clone();
+        }
+        let now = upstream_answers(&self.connector).await;
+        let mut last = lock();
+        let changed = last.as_ref().is_none_or(|(_, r)| r.is_ok() != now.is_ok());
+        match (&now, changed) {
+            (Err(e), true) => tracing::warn!(upstream = %self.upstream, "Not ready: {e}"),
+            (Ok(()), true) if last.is_some() => {
+                tracing::info!(upstream = %self.upstream, "Ready: the upstream answers HTTP/2")
+            }
+            _ => {}
+        }
+        *last = Some((std::time::Instant::now(), now.clone()));
+        now
+    }
+}
+
+/// How long a readiness answer is reused.
+const READY_FOR: Duration = Duration::from_secs(1);
 
 /// Serves HTTP/1.1 and HTTP/2 on `listener` until the task is dropped or aborted.
 pub async fn serve(listener: Listener, admin: Arc<Admin>) {
@@ -176,7 +206,7 @@ async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> 
             crate::observe::metrics::render(&admin.registry),
         ),
         "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n"),
-        "/readyz" => match upstream_reachable(&admin.upstream).await {
+        "/readyz" => match admin.ready().await {
             Ok(()) => reply(StatusCode::OK, "text/plain", "ready\n"),
             Err(e) => reply(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -194,18 +224,38 @@ async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> 
     }
 }
 
-/// A fresh connect to the upstream within a second (TCP, or the Unix socket).
-async fn upstream_reachable(upstream: &Endpoint) -> Result<(), String> {
-    let connect = async {
-        match upstream {
-            Endpoint::Tcp(a) => tokio::net::TcpStream::connect(a).await.map(drop),
-            Endpoint::Unix(p) => tokio::net::UnixStream::connect(p).await.map(drop),
-        }
+/// Dials the upstream as the tap does (TLS included) and says the HTTP/2 preface: ready when its
+/// SETTINGS come back within a second. Otherwise why not, with the likely cause.
+async fn upstream_answers(connector: &crate::proxy::Connector) -> Result<(), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let within = Duration::from_secs(1);
+    let mut io = connector.dial(within).await.map_err(|e| e.to_string())?;
+    let mut hello = crate::proxy::PREFACE.to_vec();
+    hello.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    let answer = async {
+        io.write_all(&hello).await?;
+        let mut head = [0u8; 9];
+        io.read_exact(&mut head).await.map(|_| head)
     };
-    match tokio::time::timeout(Duration::from_secs(1), connect).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("no connection within 1s".into()),
+    match tokio::time::timeout(within, answer).await {
+        Ok(Ok(head)) if head[3] == 4 => Ok(()),
+        // Go's TLS server (istiod's) answers a plaintext HTTP-looking hello with HTTP/1.0 400.
+        Ok(Ok(head)) if head.starts_with(b"HTTP/") => Err(
+            "it answered HTTP/1, as a TLS server answers plaintext: a TLS port (istiod's \
+             15012?) needs --upstream-tls"
+                .into(),
+        ),
+        Ok(Ok(head)) if head[0] == 0x15 || head[0] == 0x16 => {
+            Err("it answered with TLS: a TLS port (istiod's 15012?) needs --upstream-tls".into())
+        }
+        Ok(Ok(_)) => Err("it answered, but not with HTTP/2 SETTINGS: not an xDS server?".into()),
+        Ok(Err(e)) => Err(format!(
+            "it closed the connection without an HTTP/2 answer ({e}): TLS on the other side, or \
+             not an xDS server?"
+        )),
+        Err(_) => {
+            Err("no HTTP/2 answer within 1s: TLS on the other side, or not an xDS server?".into())
+        }
     }
 }
 

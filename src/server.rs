@@ -155,6 +155,7 @@ impl Server {
             observer = wrap(observer);
         }
         let listener = listener.with_tls(acceptor);
+        let checker = connector.clone();
         let proxy = Proxy::new(
             listener,
             connector,
@@ -171,6 +172,8 @@ impl Server {
                 watchers,
                 registry,
                 upstream: config.upstream.clone(),
+                connector: checker,
+                ready: std::sync::Mutex::new(None),
             });
             (address, tokio::spawn(crate::admin::serve(l, admin)))
         });

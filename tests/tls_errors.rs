@@ -209,3 +209,53 @@ async fn a_client_rejecting_the_taps_expired_certificate_is_logged() {
         "the client's alert: {line}"
     );
 }
+
+/// `/readyz` tells the truth about the upstream: a TLS port behind a plaintext tap, and one
+/// that accepts and never answers, are not ready, the cause named; the same TLS port dialled
+/// with TLS answers HTTP/2 and is ready. Asked 50 times in a row, the tap dials it at most about
+/// once a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_says_whether_the_upstream_answers_http2() {
+    use support::tap::XdsTap;
+    let dir = support::TempDir::new("readyz");
+    let pki = certs::make(dir.path());
+    let tls = tls_upstream(&pki.server_cert, &pki.server_key).await;
+    let plain = XdsTap::start(TapOptions::new(&tls)).await;
+    let (code, body) = support::http_get(&plain.admin, "/readyz").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("TLS"), "{body}");
+    let mut options = TapOptions::new(&tls);
+    options.upstream_tls = Some(ClientTls {
+        ca: Some(pki.ca.clone()),
+        sni: Some("localhost".into()),
+        ..Default::default()
+    });
+    let secure = XdsTap::start(options).await;
+    let (code, body) = support::http_get(&secure.admin, "/readyz").await;
+    assert_eq!((code, body.as_str()), (200, "ready\n"));
+    // An upstream that accepts and never answers, counting its connections.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = silent.local_addr().unwrap().to_string();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = accepted.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            held.push(s);
+        }
+    });
+    let mute = XdsTap::start(TapOptions::new(&addr)).await;
+    let t0 = std::time::Instant::now();
+    for _ in 0..50 {
+        let (code, body) = support::http_get(&mute.admin, "/readyz").await;
+        assert_eq!(code, 503, "{body}");
+        assert!(body.contains("no HTTP/2 answer within 1s"), "{body}");
+    }
+    let dials = accepted.load(std::sync::atomic::Ordering::SeqCst);
+    let most = t0.elapsed().as_secs() as usize + 2;
+    assert!(dials <= most, "{dials} dials in {:?}", t0.elapsed());
+    plain.close().await;
+    secure.close().await;
+    mute.close().await;
+}

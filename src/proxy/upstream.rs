@@ -38,6 +38,7 @@ pub enum ConnectError {
 }
 
 /// Dials the upstream.
+#[derive(Clone)]
 pub struct Connector {
     endpoint: Endpoint,
     tls: Option<(TlsConnector, ServerName<'static>)>,

@@ -746,3 +746,36 @@ async fn owner_only_files_exit_codes_and_signals() {
     assert!(!status.success());
     drop(tx);
 }
+
+/// A subscription the control plane never answers (here a real Envoy's wildcard LDS, which the
+/// control plane leaves unanswered) is STALE once past `--stale-after`, with its own reason
+/// line, and `xdstap status` exits 1: a status check does not pass against a control plane
+/// that never answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_never_answered_turns_stale() {
+    use support::resources::static_cluster;
+    use support::scripted::{response, Scripted};
+    let cp = Scripted::default();
+    cp.on_first(response(CDS, "1", "n1", vec![static_cluster("a", 1000, 9)]));
+    let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = server.local_addr().unwrap().to_string();
+    let _server = cp.serve(server);
+    let settings = StatusSettings {
+        stale_after: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let m = monitored(&upstream, settings).await;
+    let _envoy = Envoy::start("unanswered", Xds::Tcp(m.tap.tap.addr.clone()), false).await;
+    wait_report(&m.admin, "LDS STALE", |r| {
+        state(r, "unanswered", "LDS") == Some(SyncState::Stale)
+            && state(r, "unanswered", "CDS") == Some(SyncState::Synced)
+    })
+    .await;
+    let (code, out) = status_cli(vec!["--admin".into(), m.admin.clone()]).await;
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("unanswered LDS STALE: asked for, never pushed"),
+        "{out}"
+    );
+    m.tap.close().await;
+}

@@ -305,6 +305,11 @@ fn reasons(report: &StatusReport, wide: bool) -> Vec<String> {
                         suspects
                     ));
                 }
+                SyncState::Stale if t.pushes == 0 => reasons.push(format!(
+                    "{} {} STALE: asked for, never pushed: the control plane has not answered \
+                     (threshold {}s)",
+                    n.id, t.short_type, report.stale_after_seconds
+                )),
                 SyncState::Stale => reasons.push(format!(
                     "{} {} STALE: push {} (nonce {}) unanswered since {} (threshold {}s)",
                     n.id,

@@ -656,8 +656,15 @@ pub fn worst(states: impl Iterator<Item = SyncState>) -> SyncState {
 fn type_status(url: &str, t: &TypeEntry, now: Timestamp, stale: u64) -> TypeStatus {
     let pending_at = t.pending.as_ref().map(|(_, at)| *at);
     let overdue = pending_at.is_some_and(|at| now.saturating_sub(at) >= stale);
+    // Asked for, and the control plane never answered: a client waits for it.
+    let unanswered = (t.pushes == 0 && t.version_accepted.is_none())
+        .then_some(t.subscribed_at)
+        .flatten()
+        .filter(|at| now.saturating_sub(*at) >= stale);
     let (state, since) = if overdue {
         (SyncState::Stale, pending_at.map(|at| at + stale))
+    } else if let Some(at) = unanswered {
+        (SyncState::Stale, Some(at + stale))
     } else if let Some((_, since)) = &t.nack {
         (SyncState::Nacked, Some(*since))
     } else if t.version_accepted.is_some() {

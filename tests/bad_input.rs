@@ -541,3 +541,94 @@ async fn an_hpack_reference_bomb_stalls_no_other_connection() {
         drop(envoy);
     }
 }
+
+/// A request header block for `path`, by hand (no dynamic table).
+fn request_block(path: &str) -> Vec<u8> {
+    let mut b = vec![0x83, 0x86, 0x04, path.len() as u8];
+    b.extend(path.as_bytes());
+    b.extend([0x01, 0x01, b'x', 0x0f, 0x10, 0x10]);
+    b.extend(b"application/grpc");
+    b
+}
+
+/// The attacks of many small pieces: a header block continued 1 byte at a time, 1-byte DATA
+/// frames on an ADS stream, and empty gRPC messages 5 bytes each; `size` bytes in all.
+fn small_pieces(kind: &str, size: usize) -> Vec<u8> {
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(frame(4, 0, 0, &[]));
+    let block = request_block(ADS);
+    match kind {
+        "continuation" => {
+            out.extend(frame(1, 0, 1, &block[..1]));
+            for b in block[1..].iter().cycle().take(size) {
+                out.extend(frame(9, 0, 1, &[*b]));
+            }
+        }
+        "data" => {
+            out.extend(frame(1, 0x4, 1, &block));
+            let message = grpc(0, &[]);
+            for b in message.iter().cycle().take(size / 10) {
+                out.extend(frame(0, 0, 1, &[*b]));
+            }
+        }
+        _ => {
+            out.extend(frame(1, 0x4, 1, &block));
+            let messages: Vec<u8> = (0..size / 5).flat_map(|_| grpc(0, &[]).to_vec()).collect();
+            for chunk in messages.chunks(16_000) {
+                out.extend(frame(0, 0, 1, chunk));
+            }
+        }
+    }
+    out
+}
+
+/// Floods of small pieces (CONTINUATION frames of one byte, 1-byte DATA frames, empty gRPC
+/// messages), each 8 MB: a real Envoy's pushes through the same tap, on one worker thread,
+/// are answered within 100 ms while they go through, and the tap's memory stays under 64 MiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floods_of_small_pieces_stall_no_other_connection() {
+    let cp = scripted();
+    let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = server.local_addr().unwrap().to_string();
+    let _server = cp.serve(server);
+    let (tap, listen, _admin) = tap_process("1", &upstream).await;
+    let _envoy = envoy_through(&cp, &listen, "flooded").await;
+    let mut round = 0;
+    for kind in ["continuation", "data", "messages"] {
+        let bytes = std::sync::Arc::new(small_pieces(kind, 8 << 20));
+        let writer = {
+            let (bytes, listen) = (bytes.clone(), listen.clone());
+            std::thread::spawn(move || {
+                use std::io::{Read, Write};
+                let mut s = std::net::TcpStream::connect(&listen).unwrap();
+                let mut sink = s.try_clone().unwrap();
+                let reader = std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 1 << 16];
+                    while matches!(sink.read(&mut buf), Ok(n) if n > 0) {}
+                });
+                let _ = s.write_all(&bytes);
+                let _ = s.shutdown(std::net::Shutdown::Both);
+                let _ = reader.join();
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for _ in 0..5 {
+            round += 1;
+            let took = push_answered_in(&cp, round).await;
+            eprintln!("{kind}: push answered in {took:?}");
+            assert!(
+                took < Duration::from_millis(100),
+                "{kind}: a push took {took:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        writer.join().unwrap();
+        let status = std::fs::read_to_string(format!("/proc/{}/status", tap.id())).unwrap();
+        let kib: u64 = (status.lines().find(|l| l.starts_with("VmRSS:")))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap();
+        eprintln!("{kind}: the tap's RSS {kib} KiB");
+        assert!(kib < 64 << 10, "{kind}: the tap holds {kib} KiB");
+    }
+}

@@ -186,6 +186,10 @@ impl AggregatedDiscoveryService for Scripted {
         tokio::spawn(async move {
             let mut seen: Vec<String> = Vec::new();
             while let Some(Ok(req)) = inbound.next().await {
+                // A request of no type (a flood's empty messages) is no answer to record.
+                if req.type_url.is_empty() {
+                    continue;
+                }
                 let first = {
                     let mut inner = cp.inner.lock().unwrap();
                     inner.requests.push(Answer {

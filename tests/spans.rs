@@ -470,10 +470,7 @@ async fn pgp_and_openssh_keys_in_a_nack_appear_in_no_output() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let cp_addr = listener.local_addr().unwrap().to_string();
     let _server = cp.serve(listener);
-    let admin = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().to_string()
-    };
+    let admin = support::free_addr();
     let sock = dir.path().join("tap.sock");
     let events = dir.path().join("events.jsonl");
     let stderr = dir.path().join("stderr.log");

@@ -423,6 +423,29 @@ fn the_metrics_parser_is_strict() {
     );
 }
 
+/// An ADS stream through `listen` opened with `first`: the sender for later requests, and the
+/// responses.
+async fn ads_stream(
+    listen: &str,
+    first: envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest,
+) -> (
+    tokio::sync::mpsc::Sender<envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest>,
+    tonic::Streaming<envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse>,
+) {
+    use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+    let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{listen}"))
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(first).await.unwrap();
+    let responses = client
+        .stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    (tx, responses)
+}
+
 /// A node id with ESC and a newline, and a NACK message with an OSC sequence and a newline,
 /// sent by a client through the `xdstap` binary: `xdstap status`, `xdstap rollout`,
 /// `xdstap watch` and the text log show them escaped (no raw control character, no forged
@@ -430,7 +453,6 @@ fn the_metrics_parser_is_strict() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn network_strings_cannot_forge_terminal_lines() {
     use envoy_types::pb::envoy::config::core::v3::Node;
-    use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
     use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
     use envoy_types::pb::google::rpc::Status;
     use support::resources::{static_cluster, LDS};
@@ -443,11 +465,7 @@ async fn network_strings_cannot_forge_terminal_lines() {
     let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let upstream = server.local_addr().unwrap().to_string();
     let _server = cp.serve(server);
-    let free = || {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().to_string()
-    };
-    let (listen, admin) = (free(), free());
+    let (listen, admin) = (support::free_addr(), support::free_addr());
     let dir = support::TempDir::new("forged");
     let stderr = dir.path().join("stderr.log");
     let _tap = support::Child(
@@ -486,25 +504,15 @@ async fn network_strings_cannot_forge_terminal_lines() {
         err.contains("watching the tap").then_some(())
     })
     .await;
-    let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{listen}"))
-        .await
-        .unwrap();
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    tx.send(DiscoveryRequest {
+    let hello = DiscoveryRequest {
         node: Some(Node {
             id: node.into(),
             ..Default::default()
         }),
         type_url: CDS.into(),
         ..Default::default()
-    })
-    .await
-    .unwrap();
-    let mut responses = client
-        .stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
+    };
+    let (tx, mut responses) = ads_stream(&listen, hello).await;
     let first = responses.message().await.unwrap().unwrap();
     tx.send(DiscoveryRequest {
         type_url: CDS.into(),
@@ -642,7 +650,6 @@ async fn watch_filters_and_watchers_are_bounded() {
 /// run its full 10 s), a second signal stops the tap at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owner_only_files_exit_codes_and_signals() {
-    use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
     use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
     use std::os::unix::fs::PermissionsExt;
     use support::resources::{static_cluster, LDS};
@@ -660,10 +667,7 @@ async fn owner_only_files_exit_codes_and_signals() {
         dir.path().join("spans.jsonl"),
     );
     let log = dir.path().join("tap.log");
-    let listen = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().to_string()
-    };
+    let listen = support::free_addr();
     let start = || {
         let script = format!(
             "umask 000; exec {} run --listen {listen} --upstream {upstream} --admin unix:{} \
@@ -712,21 +716,11 @@ async fn owner_only_files_exit_codes_and_signals() {
     let _ = std::fs::remove_file(&sock);
     let tap = start();
     support::listening(&sock).await;
-    let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{listen}"))
-        .await
-        .unwrap();
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    tx.send(DiscoveryRequest {
+    let hello = DiscoveryRequest {
         type_url: CDS.into(),
         ..Default::default()
-    })
-    .await
-    .unwrap();
-    let mut responses = client
-        .stream_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
+    };
+    let (tx, mut responses) = ads_stream(&listen, hello).await;
     responses.message().await.unwrap().unwrap();
     let mut tap = tap;
     kill("-TERM", tap.id());

@@ -160,24 +160,7 @@ async fn story(node: &str, delta_api: bool) -> (Vec<String>, Vec<String>) {
         let message = nacked(&cp, &nonce).await;
         assert!(message.starts_with(form), "{short}: {message}");
         // The tap's answer, once it has seen the NACK.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let nack = loop {
-            let (_, body) = support::http_get(&tap.admin, &format!("/status?node={node}")).await;
-            let v: Value = serde_json::from_str(&body).unwrap();
-            let types = v["nodes"][0]["types"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
-            let nack = types
-                .iter()
-                .find(|x| x["type"] == short)
-                .map(|x| x["nack"].clone());
-            if let Some(n) = nack.filter(|n| n["version"] == "2") {
-                break n;
-            }
-            assert!(Instant::now() < deadline, "no NACK of {short} 2 in {v}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        let nack = tap_nack(&tap, node, short, "2").await;
         assert_eq!(nack["scope"], "unknown", "{short}: {nack}");
         tokio::time::sleep(Duration::from_millis(300)).await;
         let runs = envoy_runs(&envoy).await;

@@ -94,6 +94,12 @@ impl Drop for Child {
     }
 }
 
+/// A loopback address with a port free a moment ago, for a process the test starts.
+pub fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
 /// GET `path` from an HTTP/1.1 server at `addr` (the tap's admin server): (status, body).
 pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

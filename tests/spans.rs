@@ -495,20 +495,7 @@ async fn pgp_and_openssh_keys_in_a_nack_appear_in_no_output() {
     support::listening(&sock).await;
     let _envoy = Envoy::start("keys", Xds::Unix(sock.clone()), false).await;
     support::eventually(20, "the ACK of v1", || cp.answers_to("n1").first().cloned()).await;
-    let (watch_out, watch_err) = (dir.path().join("watch.out"), dir.path().join("watch.err"));
-    let mut watch = support::Child(
-        Command::new(env!("CARGO_BIN_EXE_xdstap"))
-            .args(["watch", "--admin", &admin])
-            .stdout(std::fs::File::create(&watch_out).unwrap())
-            .stderr(std::fs::File::create(&watch_err).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    support::eventually(10, "watch started", || {
-        let err = std::fs::read_to_string(&watch_err).unwrap_or_default();
-        err.contains("watching the tap").then_some(())
-    })
-    .await;
+    let (mut watch, watch_out) = support::watch_into(&admin, dir.path()).await;
     let bad = vec![
         static_cluster("a", 1000, 9),
         static_cluster_at("p", 1000, pgp, 9),

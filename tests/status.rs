@@ -489,21 +489,7 @@ async fn network_strings_cannot_forge_terminal_lines() {
         std::net::TcpStream::connect(&admin).ok().map(|_| ())
     })
     .await;
-    let watch_out = dir.path().join("watch.out");
-    let watch_err = dir.path().join("watch.err");
-    let mut watch = support::Child(
-        Command::new(env!("CARGO_BIN_EXE_xdstap"))
-            .args(["watch", "--admin", &admin])
-            .stdout(std::fs::File::create(&watch_out).unwrap())
-            .stderr(std::fs::File::create(&watch_err).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    support::eventually(10, "watch started", || {
-        let err = std::fs::read_to_string(&watch_err).unwrap_or_default();
-        err.contains("watching the tap").then_some(())
-    })
-    .await;
+    let (mut watch, watch_out) = support::watch_into(&admin, dir.path()).await;
     let hello = DiscoveryRequest {
         node: Some(Node {
             id: node.into(),

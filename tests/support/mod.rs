@@ -94,6 +94,26 @@ impl Drop for Child {
     }
 }
 
+/// `xdstap watch --admin ADMIN` writing to `dir/watch.out`, once it says it is watching: the
+/// process and the file.
+pub async fn watch_into(admin: &str, dir: &std::path::Path) -> (Child, std::path::PathBuf) {
+    let (out, err) = (dir.join("watch.out"), dir.join("watch.err"));
+    let child = Child(
+        std::process::Command::new(env!("CARGO_BIN_EXE_xdstap"))
+            .args(["watch", "--admin", admin])
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::fs::File::create(&err).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    eventually(10, "watch started", || {
+        let said = std::fs::read_to_string(&err).unwrap_or_default();
+        said.contains("watching the tap").then_some(())
+    })
+    .await;
+    (child, out)
+}
+
 /// A loopback address with a port free a moment ago, for a process the test starts.
 pub fn free_addr() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -502,6 +502,14 @@ pub struct Correlator {
     interner: Option<Arc<Interner>>,
 }
 
+impl Correlator {
+    /// Whether a push on this stream still waits for its answer (or for the endpoints it
+    /// warms on).
+    pub fn awaiting_answer(&self) -> bool {
+        self.types.iter().any(|(_, s)| !s.open.is_empty()) || !self.warming.is_empty()
+    }
+}
+
 /// A verdict event for `push`, decided at `now`.
 fn verdict(at: &Context, push: Arc<Push>, verdict: Verdict, now: Timestamp) -> Event {
     Event::Verdict {

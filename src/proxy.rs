@@ -132,6 +132,11 @@ pub trait StreamObserver: Send {
     fn on_trailers(&mut self, _direction: Direction, _trailers: &Headers) {}
     /// The stream is over.
     fn on_end(&mut self, _end: &StreamEnd) {}
+    /// Nothing on this stream waits for an answer: when the tap stops, its connection may
+    /// close now rather than at the end of the grace. Unknown streams never are.
+    fn settled(&self) -> bool {
+        false
+    }
 }
 
 /// An observer that sees nothing: a plain forwarder.

@@ -178,6 +178,13 @@ impl XdsStream {
 }
 
 impl StreamObserver for XdsStream {
+    fn settled(&self) -> bool {
+        // Nor a message half through either way.
+        !self.correlator.awaiting_answer()
+            && self.request.decoder.is_none()
+            && self.response.decoder.is_none()
+    }
+
     fn on_data(&mut self, direction: Direction, chunk: &Bytes) {
         let api = self.method.api;
         let (half, kind) = match direction {

@@ -632,8 +632,9 @@ async fn watch_filters_and_watchers_are_bounded() {
 
 /// The smaller surfaces: under `umask 000` the admin socket, the event log and the spans file
 /// are still the owner's alone (0600); `xdstap status --node` for an unknown id exits 3, not
-/// 69; SIGHUP stops gracefully like SIGTERM; and with an ADS stream open (so the grace would
-/// run its full 10 s), a second signal stops the tap at once.
+/// 69; SIGHUP stops gracefully like SIGTERM; with an ADS stream waiting for an answer (so the
+/// grace would run its full 10 s), a second signal stops the tap at once; and a stream whose
+/// pushes are all answered does not hold the stop up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owner_only_files_exit_codes_and_signals() {
     use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
@@ -724,6 +725,39 @@ async fn owner_only_files_exit_codes_and_signals() {
         t0.elapsed()
     );
     assert!(!status.success());
+    drop(tx);
+    // A stream whose pushes are all answered waits for nothing: one SIGTERM stops the tap
+    // well before the 10 s grace.
+    let _ = std::fs::remove_file(&sock);
+    let mut tap = start();
+    support::listening(&sock).await;
+    let hello = DiscoveryRequest {
+        type_url: CDS.into(),
+        ..Default::default()
+    };
+    let (tx, mut responses) = ads_stream(&listen, hello).await;
+    let push = responses.message().await.unwrap().unwrap();
+    tx.send(DiscoveryRequest {
+        type_url: CDS.into(),
+        version_info: push.version_info.clone(),
+        response_nonce: push.nonce.clone(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    support::eventually(10, "the ACK at the control plane", || {
+        (!cp.answers_to(&push.nonce).is_empty()).then_some(())
+    })
+    .await;
+    let t0 = std::time::Instant::now();
+    kill("-TERM", tap.id());
+    let status = tap.0.wait().unwrap();
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "stopped after {:?}",
+        t0.elapsed()
+    );
+    assert!(status.success(), "{status:?}");
     drop(tx);
 }
 

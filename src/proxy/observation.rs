@@ -318,8 +318,12 @@ impl Observation {
     }
 
     /// After the tap's GOAWAY with every stream done, an HTTP/2 server would close.
+    /// Streams that wait for nothing (an ADS stream whose pushes are all answered) do not hold
+    /// the connection open: they would never end by themselves.
     pub fn drained(&self) -> bool {
-        self.drain == Drain::Sent && self.streams.open.is_empty() && self.stopped.is_none()
+        self.drain == Drain::Sent
+            && self.stopped.is_none()
+            && self.streams.open.values().all(|s| s.observer.settled())
     }
 }
 

@@ -544,6 +544,36 @@ fn small_pieces(kind: &str, size: usize) -> Vec<u8> {
                 out.extend(frame(0, 0, 1, &[*b]));
             }
         }
+        "nested" => {
+            // One request whose node's metadata is a message nested about `size / 6` deep.
+            fn varint(mut n: usize, out: &mut Vec<u8>) {
+                while n >= 0x80 {
+                    out.push((n as u8) | 0x80);
+                    n >>= 7;
+                }
+                out.push(n as u8);
+            }
+            // Built from the inside out: each level is a tag and the length of what it holds.
+            let mut prefixes: Vec<Vec<u8>> = Vec::new();
+            let mut held = 0usize;
+            while held < size / 2 {
+                let mut p = vec![0x0a];
+                varint(held, &mut p);
+                held += p.len();
+                prefixes.push(p);
+            }
+            let nested: Vec<u8> = prefixes.into_iter().rev().flatten().collect();
+            let mut node = vec![0x1a];
+            varint(nested.len(), &mut node);
+            node.extend(nested);
+            let mut request = vec![0x12];
+            varint(node.len(), &mut request);
+            request.extend(node);
+            out.extend(frame(1, 0x4, 1, &block));
+            for chunk in grpc(0, &request).chunks(16_000) {
+                out.extend(frame(0, 0, 1, chunk));
+            }
+        }
         _ => {
             out.extend(frame(1, 0x4, 1, &block));
             let messages: Vec<u8> = (0..size / 5).flat_map(|_| grpc(0, &[]).to_vec()).collect();
@@ -556,7 +586,7 @@ fn small_pieces(kind: &str, size: usize) -> Vec<u8> {
 }
 
 /// Floods of small pieces (CONTINUATION frames of one byte, 1-byte DATA frames, empty gRPC
-/// messages), each 8 MB: a real Envoy's pushes through the same tap, on one worker thread,
+/// messages) and one deeply nested protobuf message, each 8 MB: a real Envoy's pushes through the same tap, on one worker thread,
 /// are answered in time while they go through (about 21 ms measured), and the tap's memory
 /// stays under 64 MiB.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -568,7 +598,7 @@ async fn floods_of_small_pieces_stall_no_other_connection() {
     let (tap, listen, _admin) = tap_process("1", &upstream).await;
     let _envoy = envoy_through(&cp, &listen, "flooded").await;
     let mut round = 0;
-    for kind in ["continuation", "data", "messages"] {
+    for kind in ["continuation", "data", "messages", "nested"] {
         let bytes = std::sync::Arc::new(small_pieces(kind, 8 << 20));
         let writer = write_through(&listen, bytes);
         tokio::time::sleep(Duration::from_millis(50)).await;

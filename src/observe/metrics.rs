@@ -225,6 +225,25 @@ impl Sources {
         all
     }
 
+    /// What the status board's bound did: nodes evicted, nodes not tracked.
+    fn board_bounds(&self) -> [Scraped; 2] {
+        use MetricType::Counter as C;
+        [
+            one(
+                "xdstap_nodes_evicted",
+                "Disconnected nodes dropped from the status board to stay under max_nodes.",
+                C,
+                self.status.evicted(),
+            ),
+            one(
+                "xdstap_nodes_untracked",
+                "New nodes left off the status board: every node on it was connected (max_nodes).",
+                C,
+                self.status.untracked(),
+            ),
+        ]
+    }
+
     /// The observer's, the span exporter's and the status board's families.
     fn observing(&self) -> Vec<Scraped> {
         use MetricType::{Counter as C, Gauge as G};
@@ -275,18 +294,7 @@ impl Sources {
             .into_iter()
             .map(|(name, help, c)| one(name, help, C, read(c)))
             .collect();
-        all.push(one(
-            "xdstap_nodes_evicted",
-            "Disconnected nodes dropped from the status board to stay under max_nodes.",
-            C,
-            self.status.evicted(),
-        ));
-        all.push(one(
-            "xdstap_nodes_untracked",
-            "New nodes left off the status board: every node on it was connected (max_nodes).",
-            C,
-            self.status.untracked(),
-        ));
+        all.extend(self.board_bounds());
         all.push(by(
             "xdstap_forwarded_messages",
             "gRPC messages forwarded, by direction.",

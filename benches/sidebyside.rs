@@ -20,7 +20,7 @@
 //! Run: `scripts/bench` (installs socat and nghttp2 if missing, then
 //! `cargo bench --bench sidebyside`). Under `cargo test` it runs a small smoke version.
 
-#[path = "../tests/support/otlp.rs"]
+#[path = "../tests/it/support/otlp.rs"]
 #[allow(dead_code)]
 mod otlp;
 

@@ -24,7 +24,7 @@
 //! - [`demo`]: `xdstap demo`: an embedded control plane, a real Envoy, the story.
 //!
 //! # One-way rules
-//! Checked by `tests/layout.rs`:
+//! Checked by `tests/it/layout.rs`:
 //! - `proxy` imports nothing from `grpc`, `xds`, `correlate`, `tap` or `observe`.
 //! - `grpc`, `xds` and `correlate` use no tokio, no clock, and nothing from `observe`;
 //!   `correlate` imports only from `xds`.

@@ -2,7 +2,7 @@
 //! resources rejected and the rest applied, or not known. Pure text work on the message and the
 //! names of the push; no I/O.
 //!
-//! The forms (each seen from a real client in `tests/partial.rs` or written down in
+//! The forms (each seen from a real client in `tests/it/partial.rs` or written down in
 //! `../shared/DESIGN.md`):
 //! - Envoy CDS and LDS add each resource on its own and then NACK with
 //!   `Error adding/updating cluster(s) NAME: reason, NAME: reason` (`listener(s)` for LDS): the

@@ -1,0 +1,30 @@
+//! The integration tests, one binary so that the harness in `support` and the library's test
+//! build are compiled and linked once. Each module's own `//!` says what it checks, against
+//! which real peers; `docs/testing.md` says how to run them. `tests/rollout_memory.rs` stays a
+//! binary of its own: its counting allocator must see nothing else.
+
+mod support;
+
+mod bad_input;
+mod big_push;
+mod cli;
+mod correlation;
+mod csds;
+mod decode;
+mod envoy_forward;
+mod faults;
+mod late_answers;
+mod layout;
+mod load;
+mod partial;
+mod proxyless;
+mod recipes;
+mod restarts;
+mod rollouts;
+mod spans;
+mod status;
+mod tls_errors;
+mod tls_unix;
+mod transparency;
+mod warming;
+mod wire;

@@ -1,0 +1,100 @@
+//! The deployment recipes in config/: every Envoy bootstrap in them passes the real Envoy's
+//! `--mode validate`, and every xdstap config in them passes `xdstap check-config`.
+
+use crate::support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn recipe(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("config")
+        .join(path)
+}
+
+fn envoy_validates(bootstrap: &Path) {
+    let out = Command::new(support::envoy::binary())
+        .args(["--mode", "validate", "-c"])
+        .arg(bootstrap)
+        .output()
+        .expect("run envoy");
+    assert!(
+        out.status.success(),
+        "{} is not valid for Envoy:\n{}{}",
+        bootstrap.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn xdstap_accepts(config: &Path) {
+    let out = Command::new(env!("CARGO_BIN_EXE_xdstap"))
+        .arg("check-config")
+        .arg(config)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        config.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The `data` entries of every ConfigMap in a multi-document Kubernetes manifest.
+fn config_maps(manifest: &Path) -> Vec<(String, String, String)> {
+    let text = std::fs::read_to_string(manifest).unwrap();
+    let mut out = Vec::new();
+    for doc in serde_norway::Deserializer::from_str(&text) {
+        let v: serde_norway::Value = serde::Deserialize::deserialize(doc).unwrap();
+        if v["kind"].as_str() != Some("ConfigMap") {
+            continue;
+        }
+        let name = v["metadata"]["name"].as_str().unwrap().to_string();
+        if let Some(data) = v["data"].as_mapping() {
+            for (k, val) in data {
+                out.push((
+                    name.clone(),
+                    k.as_str().unwrap().to_string(),
+                    val.as_str().unwrap().to_string(),
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn plain_and_unix_socket_envoy_bootstraps_are_valid() {
+    envoy_validates(&recipe("envoy-bootstrap.yaml"));
+    envoy_validates(&recipe("envoy-bootstrap-unix.yaml"));
+    xdstap_accepts(&recipe("xdstap.yaml"));
+}
+
+#[test]
+fn the_kubernetes_and_istio_manifests_carry_valid_configs() {
+    let dir = support::TempDir::new("recipes");
+    let mut envoys = 0;
+    let mut taps = 0;
+    for manifest in [
+        "kubernetes/xdstap-with-jaeger.yaml",
+        "istio/xdstap-in-front-of-istiod.yaml",
+    ] {
+        for (map, key, body) in config_maps(&recipe(manifest)) {
+            let file = dir.path().join(format!("{map}-{key}"));
+            std::fs::write(&file, body).unwrap();
+            match key.as_str() {
+                "envoy.yaml" => {
+                    envoy_validates(&file);
+                    envoys += 1;
+                }
+                "xdstap.yaml" => {
+                    xdstap_accepts(&file);
+                    taps += 1;
+                }
+                other => panic!("{manifest}: unexpected ConfigMap key {other}"),
+            }
+        }
+    }
+    assert_eq!((envoys, taps), (1, 2));
+}

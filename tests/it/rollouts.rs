@@ -1,0 +1,254 @@
+//! "I pushed V: who has it?" with real Envoys (SotW and Delta) through one tap: `xdstap rollout`,
+//! `/rollouts`, `xdstap wait` and `xdstap watch` against what the control plane recorded of
+//! every push and answer, through a bad push, its fix, a node never pushed the version, and a
+//! control-plane restart.
+
+use crate::support;
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use support::control_plane::ControlPlane;
+use support::envoy::{Envoy, Xds};
+use support::resources::{Snapshot, CDS};
+use support::tap::{TapOptions, XdsTap};
+use support::xdstap;
+use xdstap::correlate::Event;
+use xdstap::observe::rollout::{RolloutReport, RolloutStatus};
+
+/// The nodes the control plane pushed `type_url` version `version` to, split by how their
+/// answers went (by its own record): (acked, nacked with the message).
+fn recorded(
+    cp: &ControlPlane,
+    type_url: &str,
+    version: &str,
+) -> (BTreeSet<String>, Vec<(String, String)>) {
+    let mut acked = BTreeSet::new();
+    let mut nacked = Vec::new();
+    for s in cp.sent() {
+        if s.type_url != type_url || s.version != version {
+            continue;
+        }
+        let node = s.node.clone().unwrap_or_default();
+        match cp.answer_to(&s.nonce).and_then(|a| a.error) {
+            Some((_, message)) => nacked.push((node, message)),
+            None if cp.answer_to(&s.nonce).is_some() => {
+                acked.insert(node);
+            }
+            None => {}
+        }
+    }
+    (acked, nacked)
+}
+
+async fn rollouts(admin: &str, query: &str) -> RolloutReport {
+    let (code, body) = support::http_get(admin, &format!("/rollouts{query}")).await;
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+async fn cds(admin: &str, version: &str) -> Option<RolloutStatus> {
+    (rollouts(admin, &format!("?version={version}&type=CDS"))
+        .await
+        .rollouts)
+        .into_iter()
+        .next()
+}
+
+/// Waits until CDS `version` has `answered` answers from the tap's point of view.
+async fn answered(admin: &str, version: &str, answered: u64) -> RolloutStatus {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(r) = cds(admin, version).await {
+            if r.acked + r.nacked >= answered {
+                return r;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "CDS {version} never got {answered} answers: {:?}",
+            cds(admin, version).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `xdstap watch ARGS` in the background, once it says it is watching.
+fn watch(args: &[&str]) -> (support::Child, BufReader<std::process::ChildStdout>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xdstap"))
+        .arg("watch")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    assert!(line.contains("watching the tap"), "{line}");
+    let out = BufReader::new(child.stdout.take().unwrap());
+    (support::Child(child), out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn who_took_each_version_across_a_fix_a_bystander_and_a_restart() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cp_addr = listener.local_addr().unwrap().to_string();
+    let cp = ControlPlane::new(Snapshot::standard("v1", 1000, 1000, 9));
+    // envoy-4 has config of its own: it is never pushed the versions the others get.
+    cp.set_for_node("envoy-4", Snapshot::standard("w1", 1000, 1000, 9));
+    let server = cp.serve(listener);
+    let tap = XdsTap::start(TapOptions::new(&cp_addr)).await;
+    let admin = tap.admin.clone();
+    let xds = || Xds::Tcp(tap.tap.addr.clone());
+    let _e1 = Envoy::start("envoy-1", xds(), false).await;
+    let _e2 = Envoy::start("envoy-2", xds(), true).await;
+    let _e3 = Envoy::start("envoy-3", xds(), false).await;
+    let _e4 = Envoy::start("envoy-4", xds(), false).await;
+    let v1 = answered(&admin, "v1", 3).await;
+    assert_eq!((v1.pushed, v1.acked), (3, 3), "{v1:?}");
+
+    // v2: envoy-3 alone gets a cluster it rejects; a watch sees the NACK live.
+    let (_watch, mut watched) = watch(&["--admin", &admin, "--verdict", "nack", "-o", "json"]);
+    cp.set_for_node("envoy-3", Snapshot::standard("v2", 2000, 0, 9));
+    cp.set(Snapshot::standard("v2", 2000, 1000, 9));
+    let (code, out, err) = xdstap(&["wait", "--admin", &admin, "--version", "v2"]).await;
+    println!("xdstap wait --version v2:\n{out}{err}");
+    assert_eq!(code, 1, "a NACK fails the wait");
+    assert!(
+        out.contains("rejected by 1 node (envoy-3)")
+            && out.contains("value must be greater than 0s")
+            && out.contains("[suspects: b]"),
+        "{out}"
+    );
+    let r = answered(&admin, "v2", 3).await;
+    let (acked, nacked) = recorded(&cp, CDS, "v2");
+    assert_eq!(acked, ["envoy-1", "envoy-2"].map(String::from).into());
+    assert_eq!(nacked.len(), 1);
+    assert_eq!(nacked[0].0, "envoy-3");
+    assert_eq!((r.pushed, r.acked, r.nacked, r.pending), (3, 2, 1, 0));
+    assert_eq!(r.acked_nodes, ["envoy-1", "envoy-2"]);
+    assert_eq!(r.nacks.len(), 1);
+    assert_eq!(r.nacks[0].message, nacked[0].1, "Envoy's own text");
+    assert_eq!(r.nacks[0].examples, ["envoy-3"]);
+    assert_eq!(r.nacks[0].suspects, ["b"]);
+    assert_eq!(r.behind[0].node, "envoy-3");
+    assert_eq!(r.behind[0].running.as_deref(), Some("v1"), "it kept v1");
+    let mut line = String::new();
+    watched.read_line(&mut line).unwrap();
+    let live: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(live["node"], "envoy-3", "{line}");
+    assert_eq!(
+        (live["type"].as_str(), live["kind"].as_str()),
+        (Some("CDS"), Some("nack"))
+    );
+    assert_eq!(live["version"], "v2");
+    assert_eq!(live["error_message"], nacked[0].1.as_str());
+
+    let (code, out, _) = xdstap(&["rollout", "--admin", &admin, "v2"]).await;
+    println!("xdstap rollout v2:\n{out}");
+    assert_eq!(code, 1, "a node rejected v2");
+    let row = out.lines().find(|l| l.starts_with("CDS ")).unwrap();
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(&cells[..6], ["CDS", "v2", "3", "2", "1", "0"], "{out}");
+    assert!(out.contains("envoy-3") && out.contains("nacked"), "{out}");
+    let (code, out, _) = xdstap(&["rollout", "--admin", &admin, "v1", "-o", "json"]).await;
+    assert_eq!(code, 0, "everyone took v1");
+    let v1: RolloutReport = serde_json::from_str(&out).unwrap();
+    assert!(v1
+        .rollouts
+        .iter()
+        .all(|r| r.nacked == 0 && r.version == "v1"));
+
+    // The fix reaches all three; envoy-4, never pushed v3, is not waited for.
+    cp.set_for_node("envoy-3", Snapshot::standard("v3", 3000, 1000, 9));
+    cp.set(Snapshot::standard("v3", 3000, 1000, 9));
+    let (code, out, err) = xdstap(&["wait", "--admin", &admin, "--version", "v3"]).await;
+    println!("xdstap wait --version v3:\n{out}{err}");
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("CDS v3: 3 nodes pushed it: 3 acked"), "{out}");
+    let (acked, nacked) = recorded(&cp, CDS, "v3");
+    assert_eq!(acked.len(), 3);
+    assert!(nacked.is_empty() && !acked.contains("envoy-4"));
+    let (code, _, err) = xdstap(&[
+        "wait",
+        "--admin",
+        &admin,
+        "--version",
+        "v9",
+        "--timeout",
+        "1s",
+    ])
+    .await;
+    assert_eq!(code, 2, "never pushed: a timeout");
+    assert!(err.contains("version v9 was never pushed"), "{err}");
+
+    // The control plane restarts while a wait for v4 runs; v4 goes out on the new streams.
+    let admin2 = admin.clone();
+    let waiting = tokio::spawn(async move {
+        xdstap(&[
+            "wait",
+            "--admin",
+            &admin2,
+            "--version",
+            "v4",
+            "--timeout",
+            "60s",
+        ])
+        .await
+    });
+    cp.stop(server).await;
+    cp.set_for_node("envoy-3", Snapshot::standard("v4", 4000, 1000, 9));
+    cp.set(Snapshot::standard("v4", 4000, 1000, 9));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let listener = tokio::net::TcpListener::bind(&cp_addr).await.unwrap();
+    let _server = cp.serve(listener);
+    let (code, out, err) = waiting.await.unwrap();
+    println!("xdstap wait --version v4 across a restart:\n{out}{err}");
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("CDS v4: 3 nodes pushed it: 3 acked"), "{out}");
+    // v3 was everyone's before the restart, and still is: a wait for it returns at once.
+    let (code, out, err) = xdstap(&[
+        "wait",
+        "--admin",
+        &admin,
+        "--version",
+        "v3",
+        "--type",
+        "CDS",
+        "--settle",
+        "0s",
+    ])
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    // On its new stream the Delta Envoy states what it has; the control plane sends CDS `a`
+    // (changed) and not its endpoints (unchanged): a running Envoy holds the CDS answer until
+    // its 15 s fetch timeout, and the tap says what for.
+    let held: Vec<(Vec<String>, u64)> = (tap.events().into_iter())
+        .filter_map(|e| match e {
+            Event::Verdict {
+                at,
+                push,
+                waiting_for,
+                decided_at,
+                ..
+            } if at.type_url == CDS && push.version == "v4" && !waiting_for.is_empty() => {
+                let node = at.node.map(|n| n.id.clone()).unwrap_or_default();
+                assert_eq!(node, "envoy-2", "only the Delta Envoy waits");
+                Some((waiting_for, (decided_at - push.at) / 1_000_000))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert_eq!(held[0].0, ["a"]);
+    assert!(
+        (14_000..17_000).contains(&held[0].1),
+        "held for Envoy's 15 s fetch timeout: {held:?}"
+    );
+    let (acked, _) = recorded(&cp, CDS, "v4");
+    assert_eq!(acked.len(), 3, "the control plane's record agrees");
+    tap.close().await;
+}

@@ -1,0 +1,151 @@
+//! The real-peer harness shared by the integration tests: a tonic test service, the tap started
+//! in-process, certificates, a real Envoy, a scripted ADS control plane.
+pub mod certs;
+pub mod control_plane;
+pub mod csds;
+pub mod echo;
+pub mod envoy;
+pub mod otlp;
+pub mod prom;
+pub mod raw;
+pub mod resources;
+pub mod scripted;
+pub mod tap;
+
+/// A fresh temporary directory under target/, removed on drop.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "xdstap-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Polls `check` every 20 ms until it returns Some or `secs` pass; panics with `what` otherwise.
+pub async fn eventually<T>(secs: u64, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        if std::time::Instant::now() > deadline {
+            panic!("timed out after {secs}s waiting for {what}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until a process listens on the Unix socket at `path`. The file appears at bind(), a
+/// moment before listen(), and a connect in between is refused; /proc/net/unix tells the two
+/// apart (the accepting flag, 0x10000) without connecting, so no probe shows in the tap's logs.
+pub async fn listening(path: &std::path::Path) {
+    let what = format!("a listener on {}", path.display());
+    eventually(10, &what, || {
+        let table = std::fs::read_to_string("/proc/net/unix").ok()?;
+        table
+            .lines()
+            .map(|line| line.split_whitespace().collect::<Vec<_>>())
+            .any(|f| f.len() == 8 && f[3] == "00010000" && std::path::Path::new(f[7]) == path)
+            .then_some(())
+    })
+    .await
+}
+
+/// A child process killed (and reaped) when dropped, so a failing test leaves nothing running.
+pub struct Child(pub std::process::Child);
+
+impl Child {
+    pub fn id(&self) -> u32 {
+        self.0.id()
+    }
+    /// SIGTERM and wait, as a service manager stops it.
+    pub fn terminate(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `xdstap watch --admin ADMIN` writing to `dir/watch.out`, once it says it is watching: the
+/// process and the file.
+pub async fn watch_into(admin: &str, dir: &std::path::Path) -> (Child, std::path::PathBuf) {
+    let (out, err) = (dir.join("watch.out"), dir.join("watch.err"));
+    let child = Child(
+        std::process::Command::new(env!("CARGO_BIN_EXE_xdstap"))
+            .args(["watch", "--admin", admin])
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::fs::File::create(&err).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    eventually(10, "watch started", || {
+        let said = std::fs::read_to_string(&err).unwrap_or_default();
+        said.contains("watching the tap").then_some(())
+    })
+    .await;
+    (child, out)
+}
+
+/// A loopback address with a port free a moment ago, for a process the test starts.
+pub fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+/// GET `path` from an HTTP/1.1 server at `addr` (the tap's admin server): (status, body).
+pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).await.unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let code = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (code, body.to_string())
+}
+
+/// `xdstap ARGS` run to its end: (exit code, stdout, stderr).
+pub async fn xdstap(args: &[&str]) -> (i32, String, String) {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_xdstap"))
+            .args(&args)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    })
+    .await
+    .unwrap()
+}

@@ -1,0 +1,261 @@
+//! TLS failures on either side name the side and the reason: an expired, wrong-name or
+//! unknown-CA certificate from the control plane reaches the client as UNAVAILABLE naming the
+//! upstream and the reason; an expired or unknown-CA client certificate, a client that rejects
+//! the tap's expired certificate, and plaintext sent to the TLS listener are each refused and
+//! logged by the `xdstap` binary as a client TLS failure with the reason.
+
+use crate::support;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use bytes::Bytes;
+use support::certs::{self, Pki};
+use support::raw;
+use support::tap::{Tap, TapOptions};
+use xdstap::proxy::{ClientTls, ServerTls};
+
+/// A TLS upstream (raw h2 behind rustls) presenting `cert`.
+async fn tls_upstream(cert: &Path, key: &Path) -> String {
+    let acceptor = ServerTls {
+        cert: cert.into(),
+        key: key.into(),
+        client_ca: None,
+    }
+    .acceptor()
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        loop {
+            let (s, _) = listener.accept().await.unwrap();
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                if let Ok(tls) = acceptor.accept(s).await {
+                    raw::serve_conn(tls, raw::Log::default()).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// The grpc-message a client gets through a tap whose upstream presents `cert`.
+async fn upstream_failure(trusted_ca: &Path, cert: &Path, key: &Path) -> String {
+    let upstream = tls_upstream(cert, key).await;
+    let mut options = TapOptions::new(&upstream);
+    options.upstream_tls = Some(ClientTls {
+        ca: Some(trusted_ca.into()),
+        sni: Some("localhost".into()),
+        ..Default::default()
+    });
+    let tap = Tap::with(options).await;
+    let mut client = raw::client(tokio::net::TcpStream::connect(&tap.addr).await.unwrap()).await;
+    let (resp, _, _) = raw::exchange(&mut client, "/echo", Bytes::from_static(b"x"))
+        .await
+        .unwrap();
+    assert_eq!(resp.headers().get("grpc-status").unwrap(), "14");
+    resp.headers()
+        .get("grpc-message")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string()
+}
+
+#[tokio::test]
+async fn upstream_certificate_problems_reach_the_client_with_side_and_reason() {
+    let dir = support::TempDir::new("tls-errors-up");
+    let pki = certs::make(dir.path());
+    let expired = upstream_failure(&pki.ca, &pki.expired_cert, &pki.expired_key).await;
+    let wrong = upstream_failure(&pki.ca, &pki.wrong_name_cert, &pki.wrong_name_key).await;
+    // A good certificate, from a CA the tap is not told to trust.
+    let unknown_ca = upstream_failure(&pki.other_ca, &pki.server_cert, &pki.server_key).await;
+    for (msg, reason) in [
+        (&expired, "expired"),
+        (&wrong, "not valid for name"),
+        (&unknown_ca, "unknownissuer"),
+    ] {
+        let lower = msg.to_lowercase();
+        assert!(
+            lower.contains("upstream") && lower.contains("tls handshake failed"),
+            "names the side: {msg}"
+        );
+        assert!(lower.contains(reason), "names the reason ({reason}): {msg}");
+    }
+}
+
+/// The binary with TLS on its listener (a Unix socket), client certificates required.
+fn tls_tap(
+    dir: &Path,
+    pki: &Pki,
+    cert: &Path,
+    key: &Path,
+) -> (support::Child, std::path::PathBuf, std::path::PathBuf) {
+    let sock = dir.join("tap.sock");
+    let stderr = dir.join("stderr.log");
+    let child = support::Child(
+        Command::new(env!("CARGO_BIN_EXE_xdstap"))
+            .args(["run", "--listen"])
+            .arg(format!("unix:{}", sock.display()))
+            .args(["--upstream", "127.0.0.1:9", "--admin", "off", "--tls-cert"])
+            .arg(cert)
+            .arg("--tls-key")
+            .arg(key)
+            .arg("--tls-client-ca")
+            .arg(&pki.ca)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    (child, sock, stderr)
+}
+
+/// Connects over TLS with `client`; whatever the client sees, returns once it is over.
+async fn try_tls(sock: &Path, client: ClientTls) {
+    let (connector, name) = client.connector(Some("localhost")).unwrap();
+    let io = tokio::net::UnixStream::connect(sock).await.unwrap();
+    if let Ok(tls) = connector.connect(name, io).await {
+        if let Ok((mut send, conn)) = h2::client::handshake(tls).await {
+            tokio::spawn(conn);
+            let _ = raw::exchange(&mut send, "/echo", Bytes::from_static(b"x")).await;
+        }
+    }
+}
+
+async fn log_line(stderr: &Path, n: usize) -> String {
+    support::eventually(10, "a client TLS failure in the log", || {
+        let text = std::fs::read_to_string(stderr).ok()?;
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("Client TLS handshake failed"))
+            .collect();
+        (lines.len() >= n).then(|| lines[n - 1].to_string())
+    })
+    .await
+}
+
+#[tokio::test]
+async fn client_side_certificate_problems_are_logged_with_side_and_reason() {
+    let dir = support::TempDir::new("tls-errors-down");
+    let pki = certs::make(dir.path());
+    let (_tap, sock, stderr) = tls_tap(dir.path(), &pki, &pki.server_cert, &pki.server_key);
+    support::listening(&sock).await;
+
+    // An expired client certificate.
+    try_tls(
+        &sock,
+        ClientTls {
+            ca: Some(pki.ca.clone()),
+            cert: Some(pki.expired_client_cert.clone()),
+            key: Some(pki.expired_client_key.clone()),
+            sni: None,
+        },
+    )
+    .await;
+    let line = log_line(&stderr, 1).await;
+    assert!(line.to_lowercase().contains("expired"), "{line}");
+
+    // A client certificate from a CA the tap does not trust.
+    try_tls(
+        &sock,
+        ClientTls {
+            ca: Some(pki.ca.clone()),
+            cert: Some(pki.stranger_cert.clone()),
+            key: Some(pki.stranger_key.clone()),
+            sni: None,
+        },
+    )
+    .await;
+    let line = log_line(&stderr, 2).await;
+    assert!(line.to_lowercase().contains("unknownissuer"), "{line}");
+
+    // Plaintext HTTP/2 to the TLS listener: refused, and said so.
+    let io = tokio::net::UnixStream::connect(&sock).await.unwrap();
+    let refused = match h2::client::handshake(io).await {
+        Err(_) => true,
+        Ok((mut send, conn)) => {
+            tokio::spawn(conn);
+            raw::exchange(&mut send, "/echo", Bytes::from_static(b"x"))
+                .await
+                .is_err()
+        }
+    };
+    assert!(refused, "plaintext got through a TLS listener");
+    let line = log_line(&stderr, 3).await;
+    assert!(!line.is_empty());
+}
+
+#[tokio::test]
+async fn a_client_rejecting_the_taps_expired_certificate_is_logged() {
+    let dir = support::TempDir::new("tls-errors-own");
+    let pki = certs::make(dir.path());
+    let (_tap, sock, stderr) = tls_tap(dir.path(), &pki, &pki.expired_cert, &pki.expired_key);
+    support::listening(&sock).await;
+    try_tls(
+        &sock,
+        ClientTls {
+            ca: Some(pki.ca.clone()),
+            cert: Some(pki.client_cert.clone()),
+            key: Some(pki.client_key.clone()),
+            sni: None,
+        },
+    )
+    .await;
+    let line = log_line(&stderr, 1).await;
+    assert!(
+        line.to_lowercase().contains("expired"),
+        "the client's alert: {line}"
+    );
+}
+
+/// `/readyz` tells the truth about the upstream: a TLS port behind a plaintext tap, and one
+/// that accepts and never answers, are not ready, the cause named; the same TLS port dialled
+/// with TLS answers HTTP/2 and is ready. Asked 50 times in a row, the tap dials it at most about
+/// once a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_says_whether_the_upstream_answers_http2() {
+    use support::tap::XdsTap;
+    let dir = support::TempDir::new("readyz");
+    let pki = certs::make(dir.path());
+    let tls = tls_upstream(&pki.server_cert, &pki.server_key).await;
+    let plain = XdsTap::start(TapOptions::new(&tls)).await;
+    let (code, body) = support::http_get(&plain.admin, "/readyz").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("TLS"), "{body}");
+    let mut options = TapOptions::new(&tls);
+    options.upstream_tls = Some(ClientTls {
+        ca: Some(pki.ca.clone()),
+        sni: Some("localhost".into()),
+        ..Default::default()
+    });
+    let secure = XdsTap::start(options).await;
+    let (code, body) = support::http_get(&secure.admin, "/readyz").await;
+    assert_eq!((code, body.as_str()), (200, "ready\n"));
+    // An upstream that accepts and never answers, counting its connections.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = silent.local_addr().unwrap().to_string();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = accepted.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            held.push(s);
+        }
+    });
+    let mute = XdsTap::start(TapOptions::new(&addr)).await;
+    let t0 = std::time::Instant::now();
+    for _ in 0..50 {
+        let (code, body) = support::http_get(&mute.admin, "/readyz").await;
+        assert_eq!(code, 503, "{body}");
+        assert!(body.contains("no HTTP/2 answer within 1s"), "{body}");
+    }
+    let dials = accepted.load(std::sync::atomic::Ordering::SeqCst);
+    let most = t0.elapsed().as_secs() as usize + 2;
+    assert!(dials <= most, "{dials} dials in {:?}", t0.elapsed());
+    plain.close().await;
+    secure.close().await;
+    mute.close().await;
+}

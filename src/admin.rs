@@ -83,7 +83,7 @@ pub async fn serve(listener: Listener, admin: Arc<Admin>) {
         ClientStatusDiscoveryServiceServer::new(csds::Csds(admin.clone())),
     );
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let mut failures = crate::proxy::AcceptFailures::default();
+    let mut failures = crate::proxy::Throttled::new("Accept failed; backing off");
     loop {
         // Past the bound, new clients wait in the kernel's backlog, holding no descriptor.
         let Ok(slot) = slots.clone().acquire_owned().await else {

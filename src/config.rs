@@ -341,6 +341,11 @@ pub struct Options {
     /// a tap tier carrying many proxies [default: 1].
     #[arg(long, value_name = "N")]
     pub threads: Option<Count>,
+    /// Most client connections open at once; past it a new connection is closed as soon as it
+    /// is accepted (counted, and logged with a count every few seconds), so a client with a
+    /// failover goes there at once [default: no limit].
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<Count>,
     /// Downstream TLS.
     #[command(flatten)]
     pub tls: TlsOptions,
@@ -701,7 +706,11 @@ impl Options {
             upstream,
             tls: self.tls.resolve()?,
             upstream_tls: self.upstream_tls.resolve()?,
-            proxy: proxy_settings(self.shutdown_grace, self.connect_timeout)?,
+            proxy: proxy_settings(
+                self.shutdown_grace,
+                self.connect_timeout,
+                self.max_connections,
+            )?,
             log_format,
             log_level,
             decode_limit: self.decode_limit.map_or(DEFAULT_DECODE_LIMIT, |s| s.0),
@@ -801,6 +810,7 @@ impl UpstreamTlsOptions {
 fn proxy_settings(
     shutdown_grace: Option<Duration>,
     connect_timeout: Option<Duration>,
+    max_connections: Option<Count>,
 ) -> Result<Settings, ConfigError> {
     let defaults = Settings::default();
     Ok(Settings {
@@ -809,6 +819,7 @@ fn proxy_settings(
             Some(d) => d.positive("connect_timeout")?,
             None => defaults.connect_timeout,
         },
+        max_connections: max_connections.map(|c| c.0),
     })
 }
 

@@ -43,6 +43,9 @@ pub struct Settings {
     pub shutdown_grace: Duration,
     /// How long the upstream connect (TCP, TLS) and the client's TLS handshake may take.
     pub connect_timeout: Duration,
+    /// Most client connections open at once (`None`: no limit); past it a new one is closed on
+    /// accept.
+    pub max_connections: Option<usize>,
 }
 
 impl Default for Settings {
@@ -50,6 +53,7 @@ impl Default for Settings {
         Settings {
             shutdown_grace: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(10),
+            max_connections: None,
         }
     }
 }
@@ -176,6 +180,8 @@ pub struct ProxyStats {
     /// Connections closed because the client sent nothing within
     /// [`listen::FIRST_BYTES_TIMEOUT`] (never a control-plane connection for them).
     pub silent_connections: AtomicU64,
+    /// Connections closed on accept because `max_connections` were open.
+    pub refused_connections: AtomicU64,
     /// Connections whose relay ended with an I/O error on either side.
     pub connection_errors: AtomicU64,
     /// Most bytes one direction of a connection ever held inside the tap (read, not yet
@@ -280,12 +286,19 @@ impl Proxy {
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut connections = JoinSet::new();
         let mut next_conn: u64 = 0;
-        let mut accept_failed = AcceptFailures::default();
+        let mut accept_failed = Throttled::new("Accept failed; backing off");
+        let mut refused = Throttled::new("Connection refused: max_connections open");
+        let max = self.shared.settings.max_connections.unwrap_or(usize::MAX);
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
                 _ = &mut shutdown => break,
                 accepted = self.listener.accept() => match accepted {
+                    Ok((io, peer)) if connections.len() >= max => {
+                        ProxyStats::add(&self.shared.stats.refused_connections, 1);
+                        refused.note(&format_args!("{max} open, closed {peer}"));
+                        drop(io);
+                    }
                     Ok((io, peer)) => {
                         next_conn += 1;
                         let shared = self.shared.clone();
@@ -321,21 +334,29 @@ impl Proxy {
     }
 }
 
-/// Accept failures (EMFILE and friends), logged at most once per [`AcceptFailures::EVERY`] with
-/// how many there were.
-#[derive(Default)]
-pub(crate) struct AcceptFailures {
+/// Something that may happen many times a second (accept failures such as EMFILE, refused
+/// connections), logged at most once per [`Throttled::EVERY`] with how many there were.
+pub(crate) struct Throttled {
+    what: &'static str,
     since_log: u64,
     logged: Option<std::time::Instant>,
 }
 
-impl AcceptFailures {
+impl Throttled {
     const EVERY: Duration = Duration::from_secs(5);
 
-    pub(crate) fn note(&mut self, e: &std::io::Error) {
+    pub(crate) fn new(what: &'static str) -> Self {
+        Throttled {
+            what,
+            since_log: 0,
+            logged: None,
+        }
+    }
+
+    pub(crate) fn note(&mut self, detail: &dyn std::fmt::Display) {
         self.since_log += 1;
         if self.logged.is_none_or(|at| at.elapsed() >= Self::EVERY) {
-            tracing::warn!(error = %e, failures = self.since_log, "Accept failed; backing off");
+            tracing::warn!(detail = %detail, times = self.since_log, "{}", self.what);
             self.logged = Some(std::time::Instant::now());
             self.since_log = 0;
         }

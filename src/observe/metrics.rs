@@ -195,6 +195,12 @@ impl Sources {
                 read(&p.silent_connections),
             ),
             one(
+                "xdstap_refused_connections",
+                "Client connections closed on accept because --max-connections were open.",
+                C,
+                read(&p.refused_connections),
+            ),
+            one(
                 "xdstap_connection_errors",
                 "Client connections that ended with an error after the handshake.",
                 C,

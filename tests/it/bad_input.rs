@@ -264,10 +264,10 @@ fn hpack_bomb(blocks: u32) -> Vec<u8> {
     out
 }
 
-/// The `xdstap` binary on loopback with `threads` workers (under `nofile` open files when
-/// given, by prlimit), its log in `log`: (process, listen, admin).
+/// The `xdstap` binary on loopback with `args` (under `nofile` open files when given, by
+/// prlimit), its log in `log`: (process, listen, admin).
 async fn tap_process_with(
-    threads: &str,
+    args: &[&str],
     upstream: &str,
     nofile: Option<u32>,
     log: std::process::Stdio,
@@ -293,7 +293,7 @@ async fn tap_process_with(
                 "--upstream",
                 upstream,
             ])
-            .args(["--threads", threads])
+            .args(args)
             .stdout(std::process::Stdio::null())
             .stderr(log)
             .spawn()
@@ -307,7 +307,13 @@ async fn tap_process_with(
 }
 
 async fn tap_process(threads: &str, upstream: &str) -> (support::Child, String, String) {
-    tap_process_with(threads, upstream, None, std::process::Stdio::null()).await
+    tap_process_with(
+        &["--threads", threads],
+        upstream,
+        None,
+        std::process::Stdio::null(),
+    )
+    .await
 }
 
 /// A control plane with one cluster, and a real Envoy through `listen` once it has it.
@@ -426,6 +432,60 @@ async fn connections_that_never_speak_cost_one_descriptor_and_stall_nothing() {
     drop(silent);
 }
 
+/// With `--max-connections 3`, a real Envoy and two clients that spoke HTTP/2 hold the three
+/// places: a fourth connection is closed at once (counted, logged once), the Envoy's pushes are
+/// still answered, and once a client leaves a new connection is relayed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_max_connections_a_new_connection_is_closed_at_once() {
+    use std::io::{Read, Write};
+    let cp = scripted();
+    let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = server.local_addr().unwrap().to_string();
+    let _server = cp.serve(server);
+    let log = support::TempDir::new("max-conn");
+    let log_path = log.path().join("tap.log");
+    let stdio = std::fs::File::create(&log_path).unwrap().into();
+    let (_tap, listen, admin) =
+        tap_process_with(&["--max-connections", "3"], &upstream, None, stdio).await;
+    let _envoy = envoy_through(&cp, &listen, "limited").await;
+    // A client that spoke: the preface and SETTINGS out, the upstream's SETTINGS back.
+    let speak = || -> std::io::Result<(std::net::TcpStream, u8)> {
+        let mut c = std::net::TcpStream::connect(&listen)?;
+        c.set_read_timeout(Some(Duration::from_secs(5)))?;
+        c.write_all(xdstap::proxy::PREFACE)?;
+        c.write_all(&frame(4, 0, 0, &[]))?;
+        let mut head = [0u8; 9];
+        c.read_exact(&mut head)?;
+        Ok((c, head[3]))
+    };
+    let (first, kind) = speak().unwrap();
+    assert_eq!(kind, 4, "the upstream's SETTINGS through the tap");
+    let (_second, kind) = speak().unwrap();
+    assert_eq!(kind, 4);
+    let t0 = std::time::Instant::now();
+    assert!(
+        speak().is_err(),
+        "a fourth connection is closed, not relayed"
+    );
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "closed in {:?}",
+        t0.elapsed()
+    );
+    let took = push_answered_in(&cp, 1).await;
+    assert!(took < Duration::from_millis(100), "a push took {took:?}");
+    drop(first);
+    support::eventually(5, "a place free again", || speak().ok()).await;
+    let (_, text) = support::http_get(&admin, "/metrics").await;
+    let m = support::prom::parse(&text).unwrap();
+    assert!(
+        m.get("xdstap_refused_connections_total", &[]) >= 1.0,
+        "{text}"
+    );
+    let text = std::fs::read_to_string(&log_path).unwrap();
+    assert_eq!(text.matches("max_connections open").count(), 1, "{text}");
+}
+
 /// 600 admin clients that send part of their headers and stop, against a tap allowed 512 open
 /// files: the admin server holds at most 256 of them (the rest wait in the kernel's backlog), so
 /// the xDS listener still accepts a new Envoy and its pushes are answered within 100 ms; the
@@ -440,7 +500,7 @@ async fn slow_admin_clients_under_a_low_file_limit_stop_no_config() {
     let dir = support::TempDir::new("nofile");
     let log = dir.path().join("tap.log");
     let stdio = std::process::Stdio::from(std::fs::File::create(&log).unwrap());
-    let (tap, listen, admin) = tap_process_with("1", &upstream, Some(512), stdio).await;
+    let (tap, listen, admin) = tap_process_with(&[], &upstream, Some(512), stdio).await;
     let slow: Vec<std::net::TcpStream> = (0..600)
         .map(|_| {
             let mut s = std::net::TcpStream::connect(&admin).unwrap();

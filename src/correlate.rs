@@ -771,7 +771,7 @@ impl Correlator {
         if self.warming.is_empty() {
             return;
         }
-        let came: std::collections::HashSet<Cow<str>> =
+        let came: std::collections::HashSet<Cow<'_, str>> =
             push.resources.iter().map(|r| r.name).collect();
         let at = self.context(CLUSTER, now);
         for w in &mut self.warming {
@@ -1013,7 +1013,7 @@ fn blame(
     accepted: Option<&Accepted>,
     message: &str,
 ) -> (Vec<String>, Vec<String>) {
-    let old: Option<HashMap<Cow<str>, u64>> = accepted.map(|a| match a {
+    let old: Option<HashMap<Cow<'_, str>, u64>> = accepted.map(|a| match a {
         Accepted::Push(p) => p.resources.iter().map(|r| (r.name, r.digest)).collect(),
         Accepted::Digests(m) => m.iter().map(|(k, v)| (Cow::from(k), *v)).collect(),
         Accepted::Except(..) => (a.digests().into_iter())
@@ -1029,7 +1029,7 @@ fn blame(
     match api {
         Api::Sotw => {
             if let Some(old) = &old {
-                let now: std::collections::HashSet<Cow<str>> =
+                let now: std::collections::HashSet<Cow<'_, str>> =
                     push.resources.iter().map(|r| r.name).collect();
                 let mut removed: Vec<&str> = old
                     .keys()

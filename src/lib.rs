@@ -31,6 +31,7 @@
 //! - Nothing imports from `tap`, `demo` or the binary except the assembly (`server`, and the
 //!   binary itself).
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
 pub mod admin;
 pub mod api;

@@ -78,6 +78,7 @@ fn check_config(file: &std::path::Path, flags: Option<&ArgMatches>) -> ExitCode 
 
 /// Raises the soft limit of open files to the hard one: each client holds one descriptor, and
 /// one more to the control plane.
+#[allow(unsafe_code)] // the library forbids it; two libc calls here, each with its SAFETY note
 fn raise_open_files_limit() {
     let mut limit = libc::rlimit {
         rlim_cur: 0,

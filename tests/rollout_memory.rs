@@ -5,6 +5,8 @@
 //! of them NACKs in part hold a few KiB per node, the push once for all. Its own test binary, so
 //! that the allocator counts nothing else; the measurements take turns.
 
+#![allow(unsafe_code)] // a counting global allocator
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

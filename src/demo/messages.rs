@@ -85,6 +85,7 @@ fn any(type_url: &str, value: &[u8]) -> Vec<u8> {
     a
 }
 
+/// An encoded DiscoveryResponse of `resources` (each an encoded `Any`).
 pub fn response(type_url: &str, version: &str, nonce: &str, resources: &[Vec<u8>]) -> Vec<u8> {
     let mut m = Vec::new();
     pb::bytes(&mut m, 1, version.as_bytes());
@@ -96,6 +97,8 @@ pub fn response(type_url: &str, version: &str, nonce: &str, resources: &[Vec<u8>
     m
 }
 
+/// An encoded DiscoveryRequest answering `nonce` with `version`: an ACK, or with `error` a
+/// NACK; with `node`, the demo client's node.
 pub fn request(
     type_url: &str,
     version: &str,

@@ -349,7 +349,7 @@ impl Sources {
 }
 
 impl prometheus_client::collector::Collector for Sources {
-    fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         for f in self.scraped() {
             let mut m = e.encode_descriptor(f.name, f.help, None, f.kind)?;
             for (labels, v) in f.samples {

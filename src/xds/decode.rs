@@ -145,6 +145,7 @@ impl MessageDecoder {
         }
     }
 
+    /// The message, once all of it was fed; or why it could not be read.
     pub fn finish(self) -> Result<Message, DecodeError> {
         let sink = match self.input {
             Input::Plain(sink) => *sink,

@@ -346,7 +346,7 @@ fn check_config_checks_what_run_checks() {
     std::fs::write(&file, "listen: 127.0.0.1:0\nupstream: 127.0.0.1:2\n").unwrap();
     /// Flags, environment, and the option the error must name.
     type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
-    let cases: [Case; 3] = [
+    let cases: [Case<'_>; 3] = [
         (
             &["--event-log", "/nonexistent/dir/events.jsonl"],
             &[],

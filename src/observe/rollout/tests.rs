@@ -207,7 +207,7 @@ fn versions_are_bounded_and_their_strings_go_with_them() {
         versions: 3,
         ..Default::default()
     });
-    let mut clients: Vec<Client> = (0..4)
+    let mut clients: Vec<Client<'_>> = (0..4)
         .map(|i| Client::connect(&view, &format!("n{i}"), i, "", 0))
         .collect();
     for v in 0..10u64 {

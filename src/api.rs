@@ -2,7 +2,7 @@
 //! own API (`xdstap.v1.Tap`), which the CLI reads, and the part of CSDS the tap serves; and the
 //! views' reports converted to and from its messages.
 
-pub mod convert;
+mod convert;
 
 /// `xdstap.v1`: status, rollouts and watch.
 #[allow(clippy::all, missing_docs)]

@@ -555,6 +555,7 @@ impl Correlator {
 
     /// Pushes and nonces held for this stream: bounded by the type count times the per-type
     /// bounds, whatever the peers send.
+    #[cfg(test)]
     pub fn held(&self) -> usize {
         self.types
             .iter()

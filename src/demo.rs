@@ -17,4 +17,4 @@ pub mod messages;
 pub mod printer;
 pub mod story;
 
-pub use story::{run, DemoOptions, Outcome};
+pub use story::{run, DemoOptions};

@@ -64,6 +64,7 @@ impl Deframer {
     }
 
     /// Whether a message is partly read (the stream ending now would cut it).
+    #[cfg(test)]
     pub fn is_mid_message(&self) -> bool {
         match self.state {
             State::Header { have, .. } => have > 0,

@@ -30,20 +30,35 @@
 //!   `correlate` imports only from `xds`.
 //! - Nothing imports from `tap`, `demo` or the binary except the assembly (`server`, and the
 //!   binary itself).
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![deny(missing_docs)]
 
-pub mod admin;
 pub mod api;
-pub mod cli;
 pub mod config;
-pub mod correlate;
-pub mod demo;
-pub mod grpc;
-pub mod observe;
 pub mod proxy;
 pub mod server;
-pub mod tap;
-pub mod xds;
 
-pub use server::{run, Running, Server};
+/// Modules the public API does not need: public with the `internals` feature (the crate's own
+/// tests, benches and fuzz targets turn it on; no stability is promised), private without.
+macro_rules! internal {
+    ($($(#[$doc:meta])* $name:ident;)*) => {$(
+        $(#[$doc])*
+        #[cfg(feature = "internals")]
+        pub mod $name;
+        #[cfg(not(feature = "internals"))]
+        mod $name;
+    )*};
+}
+
+internal! {
+    admin;
+    cli;
+    correlate;
+    demo;
+    grpc;
+    observe;
+    tap;
+    xds;
+}
+
+pub use server::{main, run, Running, Server};

@@ -1,6 +1,11 @@
 //! The assembly: a [`Config`] and a bound [`Listener`] become a running tap (the forwarder, the
 //! observing pipeline, its sinks and the admin server), as `main`, the demo and the tests run it.
-//! The only module that wires the others together.
+//! The only module that wires the others together; `command` is the `xdstap` command line
+//! over it.
+
+mod command;
+
+pub use command::main;
 
 use std::future::Future;
 use std::sync::Arc;

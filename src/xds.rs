@@ -625,12 +625,14 @@ impl Interner {
     }
 
     /// Sets in the map, live or not yet swept.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         let sets = self.sets.lock().unwrap_or_else(|p| p.into_inner());
         sets.by_digest.len()
     }
 
     /// Whether the map is empty.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -667,11 +669,6 @@ pub fn short_type(type_url: &str) -> &str {
         "envoy.config.core.v3.TypedExtensionConfig" => "ECDS",
         other => other,
     }
-}
-
-/// Whether resources of this type carry secrets (names only, ever).
-pub fn is_secret(type_url: &str) -> bool {
-    type_url.ends_with("envoy.extensions.transport_sockets.tls.v3.Secret")
 }
 
 /// `s` fit for a terminal or a text log: control characters (C0, DEL, C1, and so ESC and

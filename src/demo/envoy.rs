@@ -205,7 +205,8 @@ impl Envoy {
         })
     }
 
-    /// Its admin address, once Envoy has written it.
+    /// Its admin address, once Envoy has written it (the tests read Envoy's own view there).
+    #[cfg(feature = "internals")]
     pub fn admin_address(&self) -> Option<String> {
         std::fs::read_to_string(self.dir.join("admin.txt"))
             .ok()
@@ -227,16 +228,6 @@ impl Envoy {
             "Envoy exited ({status}); last log lines:\n{}",
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         ))
-    }
-
-    /// Its process id.
-    pub fn id(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Its folder (bootstrap, log, admin address).
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 }
 

@@ -16,7 +16,7 @@ use serde::Deserialize;
 
 use crate::observe::board::StatusSettings;
 use crate::observe::rollout::RolloutSettings;
-use crate::observe::spans::{Grouping, Protocol, SpanSettings};
+use crate::observe::spans::{Grouping, Protocol, SpanSettings, UnknownName};
 use crate::proxy::{ClientTls, Endpoint, ServerTls, Settings};
 
 /// Where the admin server listens unless told otherwise.
@@ -101,7 +101,8 @@ pub struct Parsed<T>(PhantomData<fn() -> T>);
 
 impl<T> TypedValueParser for Parsed<T>
 where
-    T: FromStr<Err = String> + Clone + Send + Sync + 'static,
+    T: FromStr + Clone + Send + Sync + 'static,
+    T::Err: fmt::Display,
 {
     type Value = T;
 
@@ -113,8 +114,8 @@ where
     ) -> Result<T, clap::Error> {
         let id = arg.map_or("", |a| a.get_id().as_str());
         let text = value.to_string_lossy();
-        text.parse().map_err(|reason: String| {
-            let mut e = invalid(id, &text, reason);
+        text.parse().map_err(|reason: T::Err| {
+            let mut e = invalid(id, &text, reason.to_string());
             // A subcommand's own flag (not an option of `run`): named by its flag.
             if let (ConfigError::Invalid { option, .. }, Some(long)) =
                 (&mut e, arg.and_then(|a| a.get_long()))
@@ -134,10 +135,11 @@ where
 fn from_scalar<'de, D, T>(d: D) -> Result<T, D::Error>
 where
     D: serde::Deserializer<'de>,
-    T: FromStr<Err = String>,
+    T: FromStr,
+    T::Err: fmt::Display,
 {
     struct Scalar<T>(PhantomData<T>);
-    impl<T: FromStr<Err = String>> serde::de::Visitor<'_> for Scalar<T> {
+    impl<T: FromStr<Err: fmt::Display>> serde::de::Visitor<'_> for Scalar<T> {
         type Value = T;
         fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             f.write_str("a string or a number")
@@ -188,28 +190,53 @@ option_value!(
     Grouping
 );
 
+/// Why a string is not a value of an option's type.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ValueError {
+    /// Not of the form: what is.
+    #[error("expected {0}")]
+    Expected(&'static str),
+    /// A number with a unit the type does not know.
+    #[error("unknown unit {unit:?}; use {known}")]
+    Unit {
+        /// The unit given.
+        unit: String,
+        /// The units there are.
+        known: &'static str,
+    },
+    /// Too large (or negative).
+    #[error("out of range")]
+    Range,
+    /// Neither `off` nor an address.
+    #[error("{0} (or off)")]
+    Admin(#[from] crate::proxy::AddressError),
+}
+
 /// A byte size: `1048576`, `64KiB`, `16MiB`, `1GiB`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Size(pub u64);
 
 impl FromStr for Size {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ValueError;
+    fn from_str(s: &str) -> Result<Self, ValueError> {
         let s = s.trim();
         let (number, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
         let n: u64 = number
             .parse()
-            .map_err(|_| "expected a size such as 65536, 64KiB or 16MiB".to_string())?;
+            .map_err(|_| ValueError::Expected("a size such as 65536, 64KiB or 16MiB"))?;
         let factor = match unit.trim() {
             "" | "B" => 1,
             "KiB" | "K" => 1 << 10,
             "MiB" | "M" => 1 << 20,
             "GiB" | "G" => 1 << 30,
-            other => return Err(format!("unknown unit {other:?}; use KiB, MiB or GiB")),
+            other => {
+                return Err(ValueError::Unit {
+                    unit: other.to_string(),
+                    known: "KiB, MiB or GiB",
+                })
+            }
         };
-        n.checked_mul(factor)
-            .map(Size)
-            .ok_or_else(|| "too large".to_string())
+        n.checked_mul(factor).map(Size).ok_or(ValueError::Range)
     }
 }
 
@@ -224,8 +251,8 @@ impl fmt::Display for Size {
 pub struct Duration(pub std::time::Duration);
 
 impl FromStr for Duration {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ValueError;
+    fn from_str(s: &str) -> Result<Self, ValueError> {
         let s = s.trim();
         let split = s
             .find(|c: char| !c.is_ascii_digit() && c != '.')
@@ -233,16 +260,21 @@ impl FromStr for Duration {
         let (number, unit) = s.split_at(split);
         let n: f64 = number
             .parse()
-            .map_err(|_| "expected a duration such as 10s, 500ms or 2m".to_string())?;
+            .map_err(|_| ValueError::Expected("a duration such as 10s, 500ms or 2m"))?;
         let secs = match unit.trim() {
             "ms" => n / 1000.0,
             "" | "s" => n,
             "m" => n * 60.0,
             "h" => n * 3600.0,
-            other => return Err(format!("unknown unit {other:?}; use ms, s, m or h")),
+            other => {
+                return Err(ValueError::Unit {
+                    unit: other.to_string(),
+                    known: "ms, s, m or h",
+                })
+            }
         };
         if !secs.is_finite() || !(0.0..=86_400.0 * 365.0).contains(&secs) {
-            return Err("out of range".into());
+            return Err(ValueError::Range);
         }
         Ok(Duration(std::time::Duration::from_secs_f64(secs)))
     }
@@ -269,11 +301,11 @@ impl Duration {
 pub struct Count(pub usize);
 
 impl FromStr for Count {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ValueError;
+    fn from_str(s: &str) -> Result<Self, ValueError> {
         match s.trim().parse::<usize>() {
             Ok(n) if n >= 1 => Ok(Count(n)),
-            _ => Err("expected a whole number of at least 1".into()),
+            _ => Err(ValueError::Expected("a whole number of at least 1")),
         }
     }
 }
@@ -288,14 +320,12 @@ pub enum AdminAddress {
 }
 
 impl FromStr for AdminAddress {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ValueError;
+    fn from_str(s: &str) -> Result<Self, ValueError> {
         if s == "off" {
             return Ok(AdminAddress::Off);
         }
-        s.parse()
-            .map(AdminAddress::At)
-            .map_err(|e| format!("{e} (or off)"))
+        Ok(AdminAddress::At(s.parse()?))
     }
 }
 
@@ -310,12 +340,12 @@ pub enum LogFormat {
 }
 
 impl FromStr for LogFormat {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ValueError;
+    fn from_str(s: &str) -> Result<Self, ValueError> {
         match s {
             "text" => Ok(LogFormat::Text),
             "json" => Ok(LogFormat::Json),
-            _ => Err("expected text or json".into()),
+            _ => Err(ValueError::Expected("text or json")),
         }
     }
 }
@@ -864,11 +894,13 @@ impl SpanOptions {
             None => match env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
                 .or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"))
             {
-                Some(p) => p.parse().map_err(|reason: String| ConfigError::Invalid {
-                    option: "OTEL_EXPORTER_OTLP_PROTOCOL (environment)".into(),
-                    value: p,
-                    reason,
-                })?,
+                Some(p) => p
+                    .parse()
+                    .map_err(|reason: UnknownName| ConfigError::Invalid {
+                        option: "OTEL_EXPORTER_OTLP_PROTOCOL (environment)".into(),
+                        value: p,
+                        reason: reason.to_string(),
+                    })?,
                 None => defaults.protocol,
             },
         };

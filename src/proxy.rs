@@ -30,7 +30,7 @@ use tokio_rustls::TlsAcceptor;
 
 pub use frame::{Broken, Frame, FrameReader, PREFACE};
 pub use headers::{HeaderReader, Headers, HpackError, MAX_HEADER_LIST};
-pub use listen::{Endpoint, Io, Listener};
+pub use listen::{AddressError, Endpoint, Io, Listener};
 pub use observation::{Observation, MAX_HEADER_BLOCK, MAX_STREAMS};
 pub use relay::READ_CHUNK;
 pub use tls::{ClientTls, ServerTls, TlsError};

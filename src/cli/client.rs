@@ -15,7 +15,7 @@ use tonic::transport::{Channel, Uri};
 use super::{EX_UNAVAILABLE, EX_USAGE};
 use crate::api::csds::client_status_discovery_service_client::ClientStatusDiscoveryServiceClient;
 use crate::api::tap::tap_client::TapClient;
-use crate::proxy::Endpoint;
+use crate::proxy::{AddressError, Endpoint};
 
 /// How long a connect to the tap may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -24,28 +24,48 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, thiserror::Error)]
 pub enum AskError {
     /// Bad `--admin`.
-    #[error("invalid --admin {0:?}: {1}")]
-    Address(String, String),
+    #[error("invalid --admin {admin:?}: {reason}")]
+    Address {
+        /// The address given.
+        admin: String,
+        /// What is wrong with it.
+        reason: AddressError,
+    },
+    /// An address tonic cannot make a URI of.
+    #[error("invalid --admin {admin:?}: {reason}")]
+    Uri {
+        /// The address given.
+        admin: String,
+        /// Why.
+        reason: http::uri::InvalidUri,
+    },
     /// No connection.
-    #[error("cannot reach the tap's admin server at {0}: {1}")]
-    Connect(String, String),
+    #[error("cannot reach the tap's admin server at {admin}: {why}")]
+    Connect {
+        /// The address.
+        admin: String,
+        /// The innermost cause (refused, no such file).
+        why: String,
+    },
     /// The call failed.
-    #[error("the tap at {0} answered: {1}")]
-    Call(String, String),
-    /// The tap answered that it knows no such node.
-    #[error("the tap at {0} answered: {1}")]
-    NoSuchNode(String, String),
+    #[error("the tap at {admin} answered: {}", status.message())]
+    Call {
+        /// The address.
+        admin: String,
+        /// The tap's answer.
+        status: tonic::Status,
+    },
 }
 
 impl AskError {
     /// 64 for a bad address, 69 when the tap cannot be reached or failed.
     pub fn exit(&self, command: &str) -> ExitCode {
         match self {
-            AskError::Address(..) => {
+            AskError::Address { .. } | AskError::Uri { .. } => {
                 eprintln!("error: {self}");
                 ExitCode::from(EX_USAGE)
             }
-            AskError::NoSuchNode(..) => {
+            AskError::Call { status, .. } if status.code() == tonic::Code::NotFound => {
                 eprintln!("xdstap {command}: {self}");
                 ExitCode::from(super::EX_NO_NODE)
             }
@@ -70,21 +90,29 @@ pub struct Tap {
 impl Tap {
     /// Connects to `admin` (`host:port` or `unix:/path`).
     pub async fn connect(admin: &str) -> Result<Tap, AskError> {
-        let endpoint: Endpoint =
-            (admin.parse()).map_err(|e: String| AskError::Address(admin.into(), e))?;
+        let endpoint: Endpoint = (admin.parse()).map_err(|reason| AskError::Address {
+            admin: admin.into(),
+            reason,
+        })?;
         let failed = |e: tonic::transport::Error| {
             // The innermost source says why (refused, no such file).
             let mut why: &dyn std::error::Error = &e;
             while let Some(inner) = why.source() {
                 why = inner;
             }
-            AskError::Connect(admin.into(), why.to_string())
+            AskError::Connect {
+                admin: admin.into(),
+                why: why.to_string(),
+            }
         };
         let channel = match &endpoint {
             Endpoint::Tcp(a) => {
                 let uri = format!("http://{a}");
                 (Channel::from_shared(uri)
-                    .map_err(|e| AskError::Address(admin.into(), e.to_string()))?)
+                    .map_err(|reason| AskError::Uri {
+                        admin: admin.into(),
+                        reason,
+                    })?)
                 .connect_timeout(CONNECT_TIMEOUT)
                 .connect()
                 .await
@@ -106,10 +134,9 @@ impl Tap {
 
     /// A failed call, as an error naming the tap.
     pub fn failed(&self, status: tonic::Status) -> AskError {
-        let message = status.message().to_string();
-        match status.code() {
-            tonic::Code::NotFound => AskError::NoSuchNode(self.admin.clone(), message),
-            _ => AskError::Call(self.admin.clone(), message),
+        AskError::Call {
+            admin: self.admin.clone(),
+            status,
         }
     }
 }

@@ -39,15 +39,26 @@ pub enum Protocol {
     HttpProtobuf,
 }
 
+/// A name that is none of a setting's choices.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} {value:?}: expected {choices}")]
+pub struct UnknownName {
+    what: &'static str,
+    value: String,
+    choices: &'static str,
+}
+
 impl std::str::FromStr for Protocol {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, UnknownName> {
         match s {
             "grpc" => Ok(Protocol::Grpc),
             "http/protobuf" | "http" => Ok(Protocol::HttpProtobuf),
-            other => Err(format!(
-                "unknown OTLP protocol {other:?}: expected grpc or http/protobuf"
-            )),
+            other => Err(UnknownName {
+                what: "OTLP protocol",
+                value: other.to_string(),
+                choices: "grpc or http/protobuf",
+            }),
         }
     }
 }
@@ -62,14 +73,16 @@ pub enum Grouping {
 }
 
 impl std::str::FromStr for Grouping {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, UnknownName> {
         match s {
             "version" => Ok(Grouping::Version),
             "push" => Ok(Grouping::Push),
-            other => Err(format!(
-                "unknown grouping {other:?}: expected version or push"
-            )),
+            other => Err(UnknownName {
+                what: "grouping",
+                value: other.to_string(),
+                choices: "version or push",
+            }),
         }
     }
 }

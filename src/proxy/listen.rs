@@ -118,27 +118,47 @@ impl Endpoint {
     }
 }
 
-impl FromStr for Endpoint {
-    type Err = String;
+/// Why a string is not an [`Endpoint`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AddressError {
+    /// `unix:` and nothing after it.
+    #[error("a unix: address needs a path, e.g. unix:/var/run/xds.sock")]
+    NoPath,
+    /// No `:` at all.
+    #[error("expected host:port or unix:/path")]
+    NoPort,
+    /// `:15010`.
+    #[error("the host is empty; write 127.0.0.1:PORT or [::1]:PORT")]
+    EmptyHost,
+    /// `::1:80`.
+    #[error("an IPv6 address needs brackets, e.g. [::1]:15010")]
+    Brackets,
+    /// A port that is not a number from 0 to 65535.
+    #[error("the port {0:?} is not a number from 0 to 65535")]
+    Port(String),
+}
 
-    fn from_str(s: &str) -> Result<Self, String> {
+impl FromStr for Endpoint {
+    type Err = AddressError;
+
+    fn from_str(s: &str) -> Result<Self, AddressError> {
         if let Some(path) = s.strip_prefix("unix:") {
             if path.is_empty() {
-                return Err("a unix: address needs a path, e.g. unix:/var/run/xds.sock".into());
+                return Err(AddressError::NoPath);
             }
             return Ok(Endpoint::Unix(PathBuf::from(path)));
         }
         let Some((host, port)) = s.rsplit_once(':') else {
-            return Err("expected host:port or unix:/path".into());
+            return Err(AddressError::NoPort);
         };
         if host.is_empty() {
-            return Err("the host is empty; write 127.0.0.1:PORT or [::1]:PORT".into());
+            return Err(AddressError::EmptyHost);
         }
         if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
-            return Err("an IPv6 address needs brackets, e.g. [::1]:15010".into());
+            return Err(AddressError::Brackets);
         }
         port.parse::<u16>()
-            .map_err(|_| format!("the port {port:?} is not a number from 0 to 65535"))?;
+            .map_err(|_| AddressError::Port(port.to_string()))?;
         Ok(Endpoint::Tcp(s.to_string()))
     }
 }

@@ -1,12 +1,21 @@
 //! The shape of the library, checked: the one-way rules `src/lib.rs` states (which module may
-//! use which), and no function longer than about a hundred lines. Reads `src/` as text, with
-//! comments and string literals blanked out first.
+//! use which), no function longer than about a hundred lines, and the house rules (every file
+//! says what it is in a `//!`, the public modules are the public API's and no others, parse
+//! errors are types rather than strings, the integration tests are one binary). Reads `src/` as
+//! text, with comments and string literals blanked out first.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Functions allowed past [`LONGEST`] lines, each with its reason.
 const LONG_FUNCTIONS: &[(&str, &str)] = &[];
+
+/// The modules `src/lib.rs` may make public; every other is `internal!` (public only with the
+/// `internals` feature).
+const PUBLIC: &[&str] = &["api", "config", "proxy", "server"];
+
+/// The test targets under `tests/`: one binary of modules, and the allocator's own.
+const TEST_TARGETS: &[&str] = &["it", "rollout_memory.rs"];
 
 /// The most lines a function may span, signature to closing brace.
 const LONGEST: usize = 100;
@@ -209,6 +218,35 @@ fn breaches(files: &[Source]) -> Vec<String> {
     out
 }
 
+/// Every breach of the house rules in `files` (path under `src/`, its text as written).
+fn house_breaches(files: &[(String, String)]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (path, text) in files {
+        if !text.starts_with("//!") {
+            out.push(format!("src/{path}: no //! saying what it is"));
+        }
+        let code = blank(text);
+        if code.contains("type Err = String") {
+            out.push(format!("src/{path}: a FromStr whose error is a String"));
+        }
+        if path == "lib.rs" {
+            for line in code.lines().map(str::trim) {
+                let Some(name) = line.strip_prefix("pub mod ") else {
+                    continue;
+                };
+                let name = name.trim_end_matches(';');
+                // The `internal!` macro's own `pub mod $name` (under the internals feature).
+                if !PUBLIC.contains(&name) && !name.starts_with('$') {
+                    out.push(format!(
+                        "src/lib.rs: pub mod {name} is not the public API's"
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Every function in `files` longer than [`LONGEST`] lines: (path:line name, lines).
 fn long_functions(files: &[Source]) -> BTreeMap<String, usize> {
     let mut out = BTreeMap::new();
@@ -294,6 +332,46 @@ fn no_function_is_over_a_hundred_lines() {
 }
 
 /// The checks find what they are for: a planted violation of each rule is reported.
+#[test]
+fn the_house_rules_hold() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let files: Vec<(String, String)> = sources()
+        .into_iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(root.join("src").join(&f.path)).unwrap();
+            (f.path, text)
+        })
+        .collect();
+    let found = house_breaches(&files);
+    assert!(found.is_empty(), "{}", found.join("\n"));
+    let mut targets: Vec<String> = std::fs::read_dir(root.join("tests"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".rs") || root.join("tests").join(n).join("main.rs").exists())
+        .collect();
+    targets.sort();
+    assert_eq!(
+        targets, TEST_TARGETS,
+        "tests/ holds one binary of modules, and the allocator's"
+    );
+    let planted = [
+        ("a.rs".to_string(), "fn f() {}\n".to_string()),
+        (
+            "b.rs".to_string(),
+            "//! B.\nimpl FromStr for X {\n    type Err = String;\n}\n".to_string(),
+        ),
+        (
+            "lib.rs".to_string(),
+            "//! L.\npub mod tap;\npub mod proxy;\n".to_string(),
+        ),
+    ];
+    let found = house_breaches(&planted);
+    assert_eq!(found.len(), 3, "{found:?}");
+    assert!(
+        found[0].contains("no //!") && found[1].contains("FromStr") && found[2].contains("tap")
+    );
+}
+
 #[test]
 fn planted_violations_are_found() {
     let file = |path: &str, code: &str| Source {

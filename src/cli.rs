@@ -320,6 +320,6 @@ mod tests {
 
     #[test]
     fn the_command_line_is_well_formed() {
-        super::Cli::command().debug_assert();
+        crate::config::with_defaults(super::Cli::command()).debug_assert();
     }
 }

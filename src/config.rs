@@ -26,6 +26,58 @@ pub const DEFAULT_EVENT_QUEUE: usize = 16_384;
 /// The largest message decoded unless told otherwise (bigger ones are forwarded and counted).
 pub const DEFAULT_DECODE_LIMIT: u64 = 256 << 20;
 
+/// Worker threads unless `--threads` says otherwise: one is the cheapest per byte.
+pub const DEFAULT_THREADS: usize = 1;
+
+/// The log filter unless `--log-level` says otherwise.
+pub const DEFAULT_LOG_LEVEL: &str = "info";
+
+/// Each option's default as `--help` shows it (by arg id, which is its YAML key), taken from
+/// the values [`Options::resolve`] falls back on, so help and behaviour cannot drift apart.
+pub fn defaults() -> Vec<(&'static str, String)> {
+    let (proxy, status) = (Settings::default(), StatusSettings::default());
+    let (spans, rollout) = (SpanSettings::default(), RolloutSettings::default());
+    let d = |d: std::time::Duration| Duration(d).to_string();
+    vec![
+        ("shutdown_grace", d(proxy.shutdown_grace)),
+        ("connect_timeout", d(proxy.connect_timeout)),
+        ("threads", DEFAULT_THREADS.to_string()),
+        ("log.format", LogFormat::default().to_string()),
+        ("log.level", DEFAULT_LOG_LEVEL.to_string()),
+        ("decode_limit", Size(DEFAULT_DECODE_LIMIT).to_string()),
+        ("event_queue", DEFAULT_EVENT_QUEUE.to_string()),
+        ("spans.grouping", spans.grouping.to_string()),
+        ("spans.queue_size", spans.queue.to_string()),
+        ("admin.address", DEFAULT_ADMIN.to_string()),
+        ("admin.stale_after", d(status.stale_after)),
+        ("admin.forget_after", d(status.forget_after)),
+        ("admin.max_nodes", status.max_nodes.to_string()),
+        ("admin.rollout_versions", rollout.versions.to_string()),
+    ]
+}
+
+/// `command` with each option's help ending in its default from [`defaults`], wherever a
+/// subcommand takes the option.
+pub fn with_defaults(mut command: clap::Command) -> clap::Command {
+    let names: Vec<String> = (command.get_subcommands())
+        .map(|s| s.get_name().to_string())
+        .collect();
+    for (id, value) in defaults() {
+        for name in &names {
+            command = command.mut_subcommand(name, |sub| {
+                if !sub.get_arguments().any(|a| a.get_id() == id) {
+                    return sub;
+                }
+                sub.mut_arg(id, |a| {
+                    let help = a.get_help().map(|h| h.to_string()).unwrap_or_default();
+                    a.help(format!("{help} [default: {value}]"))
+                })
+            });
+        }
+    }
+    command
+}
+
 /// A setting that cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -241,8 +293,16 @@ impl FromStr for Size {
 }
 
 impl fmt::Display for Size {
+    /// In the largest unit that divides it: `256MiB`, `1000`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)
+        let n = self.0;
+        match [(30, "GiB"), (20, "MiB"), (10, "KiB")]
+            .into_iter()
+            .find(|(shift, _)| n != 0 && n.is_multiple_of(1u64 << shift))
+        {
+            Some((shift, unit)) => write!(f, "{}{unit}", n >> shift),
+            None => write!(f, "{n}"),
+        }
     }
 }
 
@@ -281,8 +341,14 @@ impl FromStr for Duration {
 }
 
 impl fmt::Display for Duration {
+    /// As it is written: `10s`, `10m`, `1h`, `500ms`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}", self.0)
+        let d = self.0;
+        match (d.as_secs(), d.subsec_nanos()) {
+            (s, 0) if s != 0 && s.is_multiple_of(3600) => write!(f, "{}h", s / 3600),
+            (s, 0) if s != 0 && s.is_multiple_of(60) => write!(f, "{}m", s / 60),
+            _ => write!(f, "{d:?}"),
+        }
     }
 }
 
@@ -339,6 +405,15 @@ pub enum LogFormat {
     Json,
 }
 
+impl fmt::Display for LogFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        })
+    }
+}
+
 impl FromStr for LogFormat {
     type Err = ValueError;
     fn from_str(s: &str) -> Result<Self, ValueError> {
@@ -361,14 +436,14 @@ pub struct Options {
     /// The control plane: host:port or unix:/path.
     #[arg(long, value_name = "ADDR")]
     pub upstream: Option<Endpoint>,
-    /// Time open streams get to finish after SIGTERM/SIGINT [default: 10s].
+    /// Time open streams get to finish after SIGTERM/SIGINT.
     #[arg(long, value_name = "DURATION")]
     pub shutdown_grace: Option<Duration>,
-    /// Upstream connect timeout, TCP + TLS + HTTP/2 handshake [default: 10s].
+    /// Upstream connect timeout, TCP + TLS + HTTP/2 handshake.
     #[arg(long, value_name = "DURATION")]
     pub connect_timeout: Option<Duration>,
     /// Worker threads for forwarding and observing; one is the cheapest per byte, raise it for
-    /// a tap tier carrying many proxies [default: 1].
+    /// a tap tier carrying many proxies.
     #[arg(long, value_name = "N")]
     pub threads: Option<Count>,
     /// Most client connections open at once; past it a new connection is closed as soon as it
@@ -386,15 +461,14 @@ pub struct Options {
     /// Logging.
     #[command(flatten)]
     pub log: LogOptions,
-    /// Largest xDS message decoded; larger ones are forwarded untouched and counted
-    /// [default: 256MiB].
+    /// Largest xDS message decoded; larger ones are forwarded untouched and counted.
     #[arg(long, value_name = "SIZE", help_heading = "Observation")]
     pub decode_limit: Option<Size>,
     /// Append one JSON line per verdict (ack, nack, superseded, unanswered) to FILE [default: off].
     #[arg(long, value_name = "FILE", help_heading = "Observation")]
     pub event_log: Option<PathBuf>,
     /// Events waiting for the sinks (spans, status, metrics, event log); beyond it events are
-    /// dropped and counted, never forwarding held up [default: 16384].
+    /// dropped and counted, never forwarding held up.
     #[arg(long, value_name = "N", help_heading = "Observation")]
     pub event_queue: Option<Count>,
     /// Span export.
@@ -459,10 +533,10 @@ pub struct UpstreamTlsOptions {
 #[serde(default, deny_unknown_fields)]
 #[command(next_help_heading = "Logging")]
 pub struct LogOptions {
-    /// Log format: text or json [default: text].
+    /// Log format: text or json.
     #[arg(id = "log.format", long = "log-format", value_name = "FORMAT")]
     pub format: Option<LogFormat>,
-    /// Log filter, e.g. info or xdstap=debug [default: info].
+    /// Log filter, e.g. info or xdstap=debug.
     #[arg(
         id = "log.level",
         long = "log-level",
@@ -486,7 +560,7 @@ pub struct SpanOptions {
     /// http/protobuf].
     #[arg(id = "spans.protocol", long = "otlp-protocol", value_name = "PROTOCOL")]
     pub protocol: Option<Protocol>,
-    /// One trace per config version (across types and proxies) or per push [default: version].
+    /// One trace per config version (across types and proxies) or per push.
     #[arg(
         id = "spans.grouping",
         long = "trace-grouping",
@@ -500,7 +574,7 @@ pub struct SpanOptions {
         value_name = "ID"
     )]
     pub control_plane_id: Option<String>,
-    /// Spans waiting for export; beyond it spans are dropped and counted [default: 2048].
+    /// Spans waiting for export; beyond it spans are dropped and counted.
     #[arg(id = "spans.queue_size", long = "span-queue-size", value_name = "N")]
     pub queue_size: Option<Count>,
     /// Write spans to FILE as OTLP JSON lines instead of sending them to an endpoint.
@@ -514,27 +588,27 @@ pub struct SpanOptions {
 #[command(next_help_heading = "Admin and status")]
 pub struct AdminOptions {
     /// Admin server (HTTP: /status, /rollouts, /metrics, /healthz, /readyz; gRPC: the tap's API
-    /// and CSDS): host:port, unix:/path or off [default: 127.0.0.1:9977].
+    /// and CSDS): host:port, unix:/path or off.
     #[arg(id = "admin.address", long = "admin", value_name = "ADDR")]
     pub address: Option<AdminAddress>,
-    /// A push unanswered this long makes its type STALE [default: 30s].
+    /// A push unanswered this long makes its type STALE.
     #[arg(
         id = "admin.stale_after",
         long = "stale-after",
         value_name = "DURATION"
     )]
     pub stale_after: Option<Duration>,
-    /// Disconnected nodes leave the status view after this long [default: 10m].
+    /// Disconnected nodes leave the status view after this long.
     #[arg(
         id = "admin.forget_after",
         long = "forget-after",
         value_name = "DURATION"
     )]
     pub forget_after: Option<Duration>,
-    /// Nodes kept in the status view; past it the longest-idle node leaves [default: 100000].
+    /// Nodes kept in the status view; past it the longest-idle node leaves.
     #[arg(id = "admin.max_nodes", long = "max-nodes", value_name = "N")]
     pub max_nodes: Option<Count>,
-    /// Versions per type the rollout view keeps; past it the oldest goes [default: 10].
+    /// Versions per type the rollout view keeps; past it the oldest goes.
     #[arg(
         id = "admin.rollout_versions",
         long = "rollout-versions",
@@ -755,7 +829,7 @@ impl Options {
 
 fn threads(n: Option<Count>) -> Result<usize, ConfigError> {
     match n {
-        None => Ok(1),
+        None => Ok(DEFAULT_THREADS),
         Some(Count(n)) if n <= 256 => Ok(n),
         Some(Count(n)) => Err(invalid(
             "threads",
@@ -855,7 +929,7 @@ fn proxy_settings(
 
 impl LogOptions {
     fn resolve(self) -> Result<(LogFormat, String), ConfigError> {
-        let level = self.level.unwrap_or_else(|| "info".into());
+        let level = self.level.unwrap_or_else(|| DEFAULT_LOG_LEVEL.into());
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&level) {
             return Err(invalid("log.level", &level, e.to_string()));
         }
@@ -956,6 +1030,46 @@ mod tests {
 
     fn flags(args: &[&str]) -> Options {
         Options::from_flags(args).unwrap()
+    }
+
+    #[test]
+    fn help_shows_the_defaults_resolve_uses() {
+        #[derive(clap::Parser)]
+        struct Flags {
+            #[command(subcommand)]
+            command: Sub,
+        }
+        #[derive(clap::Subcommand)]
+        enum Sub {
+            Run(Options),
+        }
+        let command = with_defaults(Flags::command());
+        let run = command.find_subcommand("run").unwrap();
+        for (id, value) in defaults() {
+            let arg = (run.get_arguments().find(|a| a.get_id() == id))
+                .unwrap_or_else(|| panic!("{id} is no option"));
+            let help = arg.get_help().unwrap().to_string();
+            assert!(
+                help.ends_with(&format!(" [default: {value}]")),
+                "{id}: {help}"
+            );
+            assert_eq!(help.matches("[default:").count(), 1, "{id}: {help}");
+        }
+        // A value the table shows parses back to itself.
+        assert_eq!("256MiB".parse::<Size>().unwrap().to_string(), "256MiB");
+        assert_eq!("10m".parse::<Duration>().unwrap().to_string(), "10m");
+        assert_eq!("500ms".parse::<Duration>().unwrap().to_string(), "500ms");
+        assert_eq!("1000".parse::<Size>().unwrap().to_string(), "1000");
+    }
+
+    #[test]
+    fn the_documented_config_file_states_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/xdstap.yaml");
+        let documented = Options::from_file(&path).unwrap().resolve().unwrap();
+        let bare = yaml("listen: 127.0.0.1:15010\nupstream: 127.0.0.1:18000\n")
+            .resolve()
+            .unwrap();
+        assert_eq!(format!("{documented:?}"), format!("{bare:?}"));
     }
 
     #[test]

@@ -72,6 +72,15 @@ pub enum Grouping {
     Push,
 }
 
+impl std::fmt::Display for Grouping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Grouping::Version => "version",
+            Grouping::Push => "push",
+        })
+    }
+}
+
 impl std::str::FromStr for Grouping {
     type Err = UnknownName;
     fn from_str(s: &str) -> Result<Self, UnknownName> {

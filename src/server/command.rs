@@ -10,7 +10,7 @@ use clap::{ArgMatches, CommandFactory, FromArgMatches};
 
 /// The `xdstap` binary's `main`: runs the command its arguments name.
 pub fn main() -> ExitCode {
-    let parsed = Cli::command()
+    let parsed = crate::config::with_defaults(Cli::command())
         .try_get_matches()
         .and_then(|m| Cli::from_arg_matches(&m).map(|cli| (cli, m)));
     let (cli, matches) = match parsed {

@@ -28,7 +28,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
-pub use frame::{Broken, Frame, FrameReader, PREFACE};
+pub use frame::{Broken, Frame, FrameReader, Reason, StreamId, PREFACE};
 pub use headers::{HeaderReader, Headers, HpackError, MAX_HEADER_LIST};
 pub use listen::{AddressError, Endpoint, Io, Listener};
 pub use observation::{Observation, MAX_HEADER_BLOCK, MAX_STREAMS};
@@ -100,8 +100,8 @@ pub enum StreamEnd {
     Reset {
         /// Who reset it.
         by: Side,
-        /// The RST_STREAM error code.
-        reason: u32,
+        /// The RST_STREAM error code (printed by name: `CANCEL`).
+        reason: Reason,
     },
     /// A connection closed or failed under the stream, or a GOAWAY left it unprocessed.
     Failed {

@@ -280,7 +280,7 @@ impl StreamObserver for XdsStream {
                 .clone()
                 .unwrap_or_else(|| "stream closed".into()),
             StreamEnd::Reset { by, reason } => {
-                format!("reset by {} (HTTP/2 error code {reason})", side(*by))
+                format!("reset by {} (HTTP/2 {reason:?})", side(*by))
             }
             StreamEnd::Failed { message, .. } | StreamEnd::Cut { message } => message.clone(),
         };

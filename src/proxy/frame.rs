@@ -13,18 +13,57 @@
 //!      └──────────────────────────> Broken (the rest of the direction is not read)
 //! ```
 
+use std::fmt;
+
 use bytes::Bytes;
+pub use h2::Reason;
 
 /// The client connection preface (RFC 9113 §3.4).
 pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-const DATA: u8 = 0x0;
-const HEADERS: u8 = 0x1;
-const RST_STREAM: u8 = 0x3;
-const SETTINGS: u8 = 0x4;
-const PUSH_PROMISE: u8 = 0x5;
-const GOAWAY: u8 = 0x7;
-const CONTINUATION: u8 = 0x9;
+/// A frame type (RFC 9113 §6); the ones the reader does not read into are passed over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Kind(u8);
+
+const DATA: Kind = Kind(0x0);
+const HEADERS: Kind = Kind(0x1);
+const RST_STREAM: Kind = Kind(0x3);
+const SETTINGS: Kind = Kind(0x4);
+const PUSH_PROMISE: Kind = Kind(0x5);
+const GOAWAY: Kind = Kind(0x7);
+const CONTINUATION: Kind = Kind(0x9);
+
+impl Kind {
+    /// Its name in RFC 9113, for the types the reader knows.
+    fn name(self) -> &'static str {
+        match self {
+            DATA => "DATA",
+            HEADERS => "HEADERS",
+            PUSH_PROMISE => "PUSH_PROMISE",
+            CONTINUATION => "CONTINUATION",
+            RST_STREAM => "RST_STREAM",
+            SETTINGS => "SETTINGS",
+            GOAWAY => "GOAWAY",
+            _ => "frame",
+        }
+    }
+}
+
+impl From<Kind> for u8 {
+    fn from(k: Kind) -> u8 {
+        k.0
+    }
+}
+
+/// An HTTP/2 stream identifier (31 bits; 0 is the connection).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StreamId(pub u32);
+
+impl fmt::Display for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
 
 const END_STREAM: u8 = 0x1;
 const ACK: u8 = 0x1;
@@ -41,19 +80,19 @@ pub enum Frame<'a> {
     /// The next slice of a DATA frame's data (padding stripped).
     Data {
         /// Stream id.
-        stream: u32,
+        stream: StreamId,
         /// A slice of the chunk.
         data: Bytes,
     },
     /// A DATA frame with END_STREAM is complete.
     EndStream {
         /// Stream id.
-        stream: u32,
+        stream: StreamId,
     },
     /// A whole header block: HEADERS (or PUSH_PROMISE) and any CONTINUATION frames.
     HeaderBlock {
         /// Stream id.
-        stream: u32,
+        stream: StreamId,
         /// The HPACK-encoded block.
         block: &'a [u8],
         /// The HEADERS frame carried END_STREAM.
@@ -64,9 +103,9 @@ pub enum Frame<'a> {
     /// RST_STREAM.
     Reset {
         /// Stream id.
-        stream: u32,
+        stream: StreamId,
         /// The error code.
-        code: u32,
+        code: Reason,
     },
     /// A SETTINGS frame (not an ACK), with its header table size when it sets one.
     Settings {
@@ -76,9 +115,9 @@ pub enum Frame<'a> {
     /// GOAWAY.
     GoAway {
         /// The last stream id the sender processes.
-        last_stream: u32,
+        last_stream: StreamId,
         /// The error code.
-        code: u32,
+        code: Reason,
     },
 }
 
@@ -115,18 +154,18 @@ impl Broken {
 #[derive(Clone, Copy, Debug)]
 struct Head {
     len: u32,
-    kind: u8,
+    kind: Kind,
     flags: u8,
-    stream: u32,
+    stream: StreamId,
 }
 
 impl Head {
     fn parse(b: &[u8; 9]) -> Head {
         Head {
             len: u32::from_be_bytes([0, b[0], b[1], b[2]]),
-            kind: b[3],
+            kind: Kind(b[3]),
             flags: b[4],
-            stream: u32::from_be_bytes([b[5], b[6], b[7], b[8]]) & 0x7fff_ffff,
+            stream: StreamId(u32::from_be_bytes([b[5], b[6], b[7], b[8]]) & 0x7fff_ffff),
         }
     }
 
@@ -184,7 +223,7 @@ pub struct FrameReader {
     state: State,
     /// The header block being gathered, and its stream, END_STREAM, and whether it is a push.
     block: Vec<u8>,
-    block_of: Option<(u32, bool, bool)>,
+    block_of: Option<(StreamId, bool, bool)>,
     max_block: usize,
     /// Where in the chunk being fed the last frame ended, when one did.
     last_boundary: Option<usize>,
@@ -321,7 +360,7 @@ impl FrameReader {
         }
         let prefix = head.prefix_len() as u32;
         if head.len < prefix {
-            return Err(Broken::Malformed(kind_name(head.kind)));
+            return Err(Broken::Malformed(head.kind.name()));
         }
         if head.kind == RST_STREAM && head.len != 4 {
             return Err(Broken::Malformed("RST_STREAM"));
@@ -363,7 +402,7 @@ impl FrameReader {
             if p.prefix_have == need && p.head.padded() {
                 p.pad = u32::from(p.prefix[0]);
                 if p.pad > p.head.len - need as u32 {
-                    return Err(Broken::Malformed(kind_name(p.head.kind)));
+                    return Err(Broken::Malformed(p.head.kind.name()));
                 }
             }
             if p.prefix_have < need {
@@ -423,14 +462,14 @@ impl FrameReader {
             }),
             RST_STREAM => on(Frame::Reset {
                 stream: head.stream,
-                code: word(0),
+                code: word(0).into(),
             }),
             SETTINGS if !head.has(ACK) => on(Frame::Settings {
                 header_table_size: p.table_size,
             }),
             GOAWAY => on(Frame::GoAway {
-                last_stream: word(0) & 0x7fff_ffff,
-                code: word(4),
+                last_stream: StreamId(word(0) & 0x7fff_ffff),
+                code: word(4).into(),
             }),
             HEADERS | PUSH_PROMISE | CONTINUATION if head.has(END_HEADERS) => self.end_block(on),
             _ => {}
@@ -456,28 +495,15 @@ impl FrameReader {
     }
 }
 
-fn kind_name(kind: u8) -> &'static str {
-    match kind {
-        DATA => "DATA",
-        HEADERS => "HEADERS",
-        PUSH_PROMISE => "PUSH_PROMISE",
-        CONTINUATION => "CONTINUATION",
-        RST_STREAM => "RST_STREAM",
-        SETTINGS => "SETTINGS",
-        GOAWAY => "GOAWAY",
-        _ => "frame",
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// One frame on the wire.
-    pub(crate) fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    pub(crate) fn frame(kind: impl Into<u8>, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
         let len = payload.len() as u32;
         let mut f = len.to_be_bytes()[1..].to_vec();
-        f.push(kind);
+        f.push(kind.into());
         f.push(flags);
         f.extend_from_slice(&stream.to_be_bytes());
         f.extend_from_slice(payload);
@@ -509,7 +535,10 @@ mod tests {
             at = cut.max(at);
             result = r.feed(&chunk, &mut |f| {
                 let s = match f {
-                    Frame::Data { stream, data } => {
+                    Frame::Data {
+                        stream: StreamId(stream),
+                        data,
+                    } => {
                         if let Some(Seen::Data(s, d)) = seen.last_mut() {
                             if *s == stream {
                                 d.extend_from_slice(&data);
@@ -518,16 +547,16 @@ mod tests {
                         }
                         Seen::Data(stream, data.to_vec())
                     }
-                    Frame::EndStream { stream } => Seen::EndStream(stream),
+                    Frame::EndStream { stream } => Seen::EndStream(stream.0),
                     Frame::HeaderBlock {
-                        stream,
+                        stream: StreamId(stream),
                         block,
                         end_stream,
                         push,
                     } => Seen::Block(stream, block.to_vec(), end_stream, push),
-                    Frame::Reset { stream, code } => Seen::Reset(stream, code),
+                    Frame::Reset { stream, code } => Seen::Reset(stream.0, code.into()),
                     Frame::Settings { header_table_size } => Seen::Settings(header_table_size),
-                    Frame::GoAway { last_stream, code } => Seen::GoAway(last_stream, code),
+                    Frame::GoAway { last_stream, code } => Seen::GoAway(last_stream.0, code.into()),
                 };
                 seen.push(s);
             });
@@ -690,7 +719,7 @@ mod tests {
             // Well formed: payloads fit their flags; a header block is never interrupted.
             let mut wire = Vec::new();
             for (kind, flags, stream, payload) in frames {
-                let (kind, mut flags, mut payload) = (kind, flags, payload);
+                let (kind, mut flags, mut payload) = (Kind(kind), flags, payload);
                 match kind {
                     HEADERS | PUSH_PROMISE => flags |= END_HEADERS,
                     CONTINUATION => continue,
@@ -703,7 +732,7 @@ mod tests {
                     GOAWAY => payload.resize(payload.len().max(8), 0),
                     _ => {}
                 }
-                let head = Head { len: payload.len() as u32, kind, flags, stream };
+                let head = Head { len: payload.len() as u32, kind, flags, stream: StreamId(stream) };
                 if (payload.len() as u32) < head.prefix_len() as u32 {
                     payload.resize(head.prefix_len(), 0);
                 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::frame::{Frame, FrameReader};
+use super::frame::{Frame, FrameReader, StreamId};
 use super::headers::{HeaderReader, Headers};
 use super::{Direction, Observe, ProxyStats, Side, StreamEnd, StreamInfo, StreamObserver};
 
@@ -33,9 +33,9 @@ struct Streams {
     stats: Arc<ProxyStats>,
     /// Process-unique stream ids, shared by every connection.
     ids: Arc<AtomicU64>,
-    open: HashMap<u32, Stream>,
+    open: HashMap<StreamId, Stream>,
     /// The highest stream id the client opened (for the tap's GOAWAY).
-    last_client_stream: u32,
+    last_client_stream: StreamId,
     peer: String,
     upstream: String,
 }
@@ -49,7 +49,7 @@ impl Streams {
     fn headers(
         &mut self,
         direction: Direction,
-        stream: u32,
+        stream: StreamId,
         headers: &Headers,
         end_stream: bool,
     ) -> Result<(), Trouble> {
@@ -96,14 +96,14 @@ impl Streams {
         }
     }
 
-    fn data(&mut self, direction: Direction, stream: u32, data: &Bytes) {
+    fn data(&mut self, direction: Direction, stream: StreamId, data: &Bytes) {
         if let Some(s) = self.open.get_mut(&stream) {
             s.observer.on_data(direction, data);
         }
     }
 
     /// One half ended; both ended is the stream's end.
-    fn half_ended(&mut self, direction: Direction, stream: u32) {
+    fn half_ended(&mut self, direction: Direction, stream: StreamId) {
         if let Some(s) = self.open.get_mut(&stream) {
             s.ended[index(direction)] = true;
             if s.ended == [true, true] {
@@ -113,8 +113,8 @@ impl Streams {
     }
 
     /// The control plane's GOAWAY: the streams past `last_stream` were not processed.
-    fn refused_past(&mut self, last_stream: u32) {
-        let refused: Vec<u32> = self
+    fn refused_past(&mut self, last_stream: StreamId) {
+        let refused: Vec<StreamId> = self
             .open
             .keys()
             .copied()
@@ -129,7 +129,7 @@ impl Streams {
         }
     }
 
-    fn end(&mut self, stream: u32, how: &StreamEnd) {
+    fn end(&mut self, stream: StreamId, how: &StreamEnd) {
         if let Some(mut s) = self.open.remove(&stream) {
             s.observer.on_end(how);
             ProxyStats::sub(&self.stats.streams_active, 1);
@@ -198,7 +198,7 @@ impl Observation {
                 stats,
                 ids,
                 open: HashMap::new(),
-                last_client_stream: 0,
+                last_client_stream: StreamId(0),
                 peer,
                 upstream,
             },
@@ -312,7 +312,7 @@ impl Observation {
         }
         self.drain = Drain::Sent;
         let mut frame = vec![0, 0, 8, 0x7, 0, 0, 0, 0, 0];
-        frame.extend_from_slice(&self.streams.last_client_stream.to_be_bytes());
+        frame.extend_from_slice(&self.streams.last_client_stream.0.to_be_bytes());
         frame.extend_from_slice(&0u32.to_be_bytes());
         Some(Bytes::from(frame))
     }

@@ -44,10 +44,10 @@ impl Default for StatusSettings {
 pub enum SyncState {
     /// The last push was accepted.
     Synced,
-    /// A push went out and its answer is not yet overdue (and nothing was accepted before).
-    Pending,
     /// Subscribed; nothing pushed yet.
     NotSent,
+    /// A push went out and its answer is not yet overdue (and nothing was accepted before).
+    Pending,
     /// The last answer was a NACK: the client runs an older config.
     Nacked,
     /// A push has gone unanswered for longer than the threshold.
@@ -628,32 +628,31 @@ impl StatusBoard {
         }
     }
 
-    /// How many nodes are in each (worst) state.
+    /// How many nodes are in each (worst) state: the report's states, without the report.
     pub fn counts(&self, now: Timestamp) -> BTreeMap<SyncState, u64> {
+        let board = self.lock();
+        let stale = self.settings.stale_after.as_nanos() as u64;
+        let forget = self.settings.forget_after.as_nanos() as u64;
         let mut out = BTreeMap::new();
-        for n in self.report(now, None).nodes {
-            *out.entry(n.state).or_default() += 1;
+        let shown = (board.nodes.values())
+            .filter(|n| (n.disconnected_at).is_none_or(|d| now.saturating_sub(d) < forget));
+        for n in shown {
+            let state = worst(n.types.values().map(|t| type_state(t, now, stale).0));
+            *out.entry(state).or_default() += 1;
         }
         out
     }
 }
 
-/// The state a node shows: its worst type's (STALE, then NACKED, PENDING, NOT SENT, SYNCED). Only
-/// STALE and NACKED are problems ([`SyncState::is_problem`]).
+/// The state a node shows: its worst type's (STALE, then NACKED, PENDING, NOT SENT, SYNCED: the
+/// order [`SyncState`] is declared in). Only STALE and NACKED are problems
+/// ([`SyncState::is_problem`]).
 pub fn worst(states: impl Iterator<Item = SyncState>) -> SyncState {
-    let rank = |s: SyncState| match s {
-        SyncState::Stale => 4,
-        SyncState::Nacked => 3,
-        SyncState::Pending => 2,
-        SyncState::NotSent => 1,
-        SyncState::Synced => 0,
-    };
-    states
-        .max_by_key(|s| rank(*s))
-        .unwrap_or(SyncState::NotSent)
+    states.max().unwrap_or(SyncState::NotSent)
 }
 
-fn type_status(url: &str, t: &TypeEntry, now: Timestamp, stale: u64) -> TypeStatus {
+/// A type's state, and since when.
+fn type_state(t: &TypeEntry, now: Timestamp, stale: u64) -> (SyncState, Option<Timestamp>) {
     let pending_at = t.pending.as_ref().map(|(_, at)| *at);
     let overdue = pending_at.is_some_and(|at| now.saturating_sub(at) >= stale);
     // Asked for, and the control plane never answered: a client waits for it.
@@ -661,7 +660,7 @@ fn type_status(url: &str, t: &TypeEntry, now: Timestamp, stale: u64) -> TypeStat
         .then_some(t.subscribed_at)
         .flatten()
         .filter(|at| now.saturating_sub(*at) >= stale);
-    let (state, since) = if overdue {
+    if overdue {
         (SyncState::Stale, pending_at.map(|at| at + stale))
     } else if let Some(at) = unanswered {
         (SyncState::Stale, Some(at + stale))
@@ -673,7 +672,11 @@ fn type_status(url: &str, t: &TypeEntry, now: Timestamp, stale: u64) -> TypeStat
         (SyncState::Pending, pending_at)
     } else {
         (SyncState::NotSent, t.subscribed_at)
-    };
+    }
+}
+
+fn type_status(url: &str, t: &TypeEntry, now: Timestamp, stale: u64) -> TypeStatus {
+    let (state, since) = type_state(t, now, stale);
     TypeStatus {
         short_type: short_type(url).to_string(),
         type_url: url.to_string(),
@@ -780,7 +783,14 @@ mod tests {
         }
     }
 
+    /// The node's CDS status; and, wherever a test looks, the metrics' counts agree with the
+    /// report's states.
     fn cds(board: &StatusBoard, node: &str, now: Timestamp) -> TypeStatus {
+        let mut from_report = BTreeMap::new();
+        for n in board.report(now, None).nodes {
+            *from_report.entry(n.state).or_insert(0u64) += 1;
+        }
+        assert_eq!(board.counts(now), from_report);
         board.report(now, Some(node)).nodes[0].types[0].clone()
     }
 

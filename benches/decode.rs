@@ -4,7 +4,7 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use xdstap::correlate::{Correlator, StreamContext};
-use xdstap::grpc::{encode, Deframer, Event as Frame};
+use xdstap::grpc::{encode, Deframer, Part};
 use xdstap::xds::scan::{Kind, Scanner};
 use xdstap::xds::wire::bytes as field;
 use xdstap::xds::{Api, Message};
@@ -71,9 +71,9 @@ fn run(
     for frame in wire.chunks(16 * 1024) {
         deframer
             .feed(frame, &mut |e| match e {
-                Frame::Start { len, .. } => scanner = Some(Scanner::new(kind, Some(len as u64))),
-                Frame::Body(b) => scanner.as_mut().unwrap().feed(b),
-                Frame::End => match scanner.take().unwrap().finish().unwrap() {
+                Part::Start { len, .. } => scanner = Some(Scanner::new(kind, Some(len as u64))),
+                Part::Body(b) => scanner.as_mut().unwrap().feed(b),
+                Part::End => match scanner.take().unwrap().finish().unwrap() {
                     Message::Response(r) => correlator.on_response(r, 1, out),
                     Message::Request(r) => correlator.on_request(r, 2, out),
                 },

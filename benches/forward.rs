@@ -271,7 +271,7 @@ fn bench(c: &mut Criterion) {
         }
         g.finish();
     }
-    let decoded = xdstap::observe::TapStats::get(&stats.decoded);
+    let decoded = xdstap::proxy::counter(&stats.decoded);
     assert!(
         decoded > 0,
         "the decoding tap decoded the pushes and answers it forwarded"

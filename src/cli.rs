@@ -12,7 +12,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::{Duration, Options, SpanOptions, DEFAULT_ADMIN};
+use crate::config::{HumanDuration, Options, SpanOptions, DEFAULT_ADMIN};
 
 /// EX_USAGE: a bad flag, file or value.
 pub const EX_USAGE: u8 = 64;
@@ -95,11 +95,11 @@ pub struct WaitArgs {
     pub types: Vec<String>,
     /// Give up after this long (exit 2).
     #[arg(long, value_name = "DURATION", default_value = "60s")]
-    pub timeout: Duration,
+    pub timeout: HumanDuration,
     /// Once every node pushed VERSION has answered, wait this long past its last push for
     /// nodes the control plane has yet to push it to.
     #[arg(long, value_name = "DURATION", default_value = "1s")]
-    pub settle: Duration,
+    pub settle: HumanDuration,
     /// Where the tap is.
     #[command(flatten)]
     pub admin: AdminArgs,

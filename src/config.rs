@@ -20,7 +20,7 @@ mod values;
 
 pub use options::{AdminOptions, LogOptions, Options, SpanOptions, TlsOptions, UpstreamTlsOptions};
 pub use resolve::{AdminSettings, Config};
-pub use values::{AdminAddress, Count, Duration, LogFormat, Parsed, Size, ValueError};
+pub use values::{AdminAddress, Count, HumanDuration, LogFormat, Parsed, Size, ValueError};
 
 /// Where the admin server listens unless told otherwise.
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:9977";
@@ -40,7 +40,7 @@ pub const DEFAULT_LOG_LEVEL: &str = "info";
 pub fn defaults() -> Vec<(&'static str, String)> {
     let (proxy, status) = (Settings::default(), StatusSettings::default());
     let (spans, rollout) = (SpanSettings::default(), RolloutSettings::default());
-    let d = |d: std::time::Duration| Duration(d).to_string();
+    let d = |d: std::time::Duration| HumanDuration(d).to_string();
     vec![
         ("shutdown_grace", d(proxy.shutdown_grace)),
         ("connect_timeout", d(proxy.connect_timeout)),
@@ -192,8 +192,11 @@ mod tests {
         }
         // A value the table shows parses back to itself.
         assert_eq!("256MiB".parse::<Size>().unwrap().to_string(), "256MiB");
-        assert_eq!("10m".parse::<Duration>().unwrap().to_string(), "10m");
-        assert_eq!("500ms".parse::<Duration>().unwrap().to_string(), "500ms");
+        assert_eq!("10m".parse::<HumanDuration>().unwrap().to_string(), "10m");
+        assert_eq!(
+            "500ms".parse::<HumanDuration>().unwrap().to_string(),
+            "500ms"
+        );
         assert_eq!("1000".parse::<Size>().unwrap().to_string(), "1000");
     }
 
@@ -322,7 +325,7 @@ mod tests {
 
     #[test]
     fn parses_units() {
-        let d = |s: &str| s.parse::<Duration>().map(|d| d.0);
+        let d = |s: &str| s.parse::<HumanDuration>().map(|d| d.0);
         assert_eq!(d("500ms").unwrap(), std::time::Duration::from_millis(500));
         assert_eq!(d("2m").unwrap(), std::time::Duration::from_secs(120));
         assert_eq!(d("7").unwrap(), std::time::Duration::from_secs(7));

@@ -286,6 +286,16 @@ pub enum Event {
 }
 
 impl Event {
+    /// The node the event is about, as every view names it: its id, or for a client that sent
+    /// none, its stream.
+    pub fn node_id(&self) -> std::borrow::Cow<'_, str> {
+        let at = self.context();
+        match &at.node {
+            Some(n) if !n.id.is_empty() => std::borrow::Cow::Borrowed(&n.id),
+            _ => format!("(no node id, stream {})", at.stream.stream_id).into(),
+        }
+    }
+
     /// Where, who, what type.
     pub fn context(&self) -> &Context {
         match self {

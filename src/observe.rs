@@ -59,11 +59,6 @@ pub struct TapStats {
 }
 
 impl TapStats {
-    /// Reads a counter.
-    pub fn get(c: &AtomicU64) -> u64 {
-        c.load(Ordering::Relaxed)
-    }
-
     /// The message counter of a direction.
     pub fn messages(&self, d: crate::proxy::Direction) -> &AtomicU64 {
         match d {

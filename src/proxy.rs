@@ -158,6 +158,11 @@ impl Observe for NoObserver {
     }
 }
 
+/// Reads one of the tap's counters (these and the observer's, [`crate::Running`]'s stats).
+pub fn counter(c: &AtomicU64) -> u64 {
+    c.load(Ordering::Relaxed)
+}
+
 /// Counters of the forwarding layer. Cheap relaxed atomics, read by metrics and tests.
 #[derive(Debug, Default)]
 pub struct ProxyStats {
@@ -198,11 +203,6 @@ impl ProxyStats {
     pub(crate) fn sub(counter: &AtomicU64, n: u64) {
         counter.fetch_sub(n, Ordering::Relaxed);
     }
-    /// Reads a counter.
-    pub fn get(counter: &AtomicU64) -> u64 {
-        counter.load(Ordering::Relaxed)
-    }
-
     fn count_stopped(&self, reason: &'static str) {
         let mut counts = self
             .observation_stopped

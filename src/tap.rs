@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::correlate::{Correlator, Event, StreamContext};
-use crate::grpc::{Deframer, Event as Frame};
+use crate::grpc::{Deframer, Part};
 use crate::observe::{now, EventSender, TapStats};
 use crate::proxy::{Direction, Headers, Observe, Side, StreamEnd, StreamInfo, StreamObserver};
 use crate::xds::decode::{DecodeError, MessageDecoder};
@@ -62,11 +62,11 @@ impl Observe for Tap {
         Box::new(XdsStream {
             correlator: Correlator::new(method.api, context).with_interner(self.interner.clone()),
             method,
-            request: Half {
+            request: Decoding {
                 encoding,
-                ..Half::default()
+                ..Decoding::default()
             },
-            response: Half::default(),
+            response: Decoding::default(),
             events: self.events.clone(),
             stats: self.stats.clone(),
             limit: self.decode_limit,
@@ -100,7 +100,7 @@ impl StreamObserver for Counting {
         if let Some(d) = self.deframers[i].as_mut() {
             let mut messages = 0;
             let framed = d.feed(chunk, &mut |f| {
-                if let Frame::End = f {
+                if let Part::End = f {
                     messages += 1;
                 }
             });
@@ -120,7 +120,7 @@ impl StreamObserver for Counting {
 }
 
 #[derive(Default)]
-struct Half {
+struct Decoding {
     deframer: Deframer,
     decoder: Option<MessageDecoder>,
     encoding: Option<String>,
@@ -131,8 +131,8 @@ struct Half {
 struct XdsStream {
     method: Method,
     correlator: Correlator,
-    request: Half,
-    response: Half,
+    request: Decoding,
+    response: Decoding,
     events: EventSender,
     stats: Arc<TapStats>,
     limit: u64,
@@ -197,7 +197,7 @@ impl StreamObserver for XdsStream {
         half.count.bytes += chunk.len() as u64;
         let limit = self.limit;
         let mut finished: Vec<Result<Message, DecodeError>> = Vec::new();
-        let Half {
+        let Decoding {
             deframer,
             decoder,
             encoding,
@@ -206,7 +206,7 @@ impl StreamObserver for XdsStream {
         } = half;
         let messages_before = count.messages;
         let framed = deframer.feed(chunk, &mut |frame| match frame {
-            Frame::Start { compressed, len } => {
+            Part::Start { compressed, len } => {
                 let d = MessageDecoder::new(kind, len, compressed, encoding.as_deref(), limit);
                 match d.early_error() {
                     // Counted now; the message itself is forwarded untouched as it streams.
@@ -214,12 +214,12 @@ impl StreamObserver for XdsStream {
                     None => *decoder = Some(d),
                 }
             }
-            Frame::Body(b) => {
+            Part::Body(b) => {
                 if let Some(d) = decoder.as_mut() {
                     d.feed(b);
                 }
             }
-            Frame::End => {
+            Part::End => {
                 count.messages += 1;
                 if let Some(d) = decoder.take() {
                     finished.push(d.finish());

@@ -78,7 +78,7 @@ impl AskError {
 }
 
 /// A connected client of the tap at `admin`.
-pub struct Tap {
+pub struct AdminClient {
     /// The generated client.
     pub client: TapClient<Channel>,
     /// CSDS on the same connection.
@@ -87,9 +87,9 @@ pub struct Tap {
     pub admin: String,
 }
 
-impl Tap {
+impl AdminClient {
     /// Connects to `admin` (`host:port` or `unix:/path`).
-    pub async fn connect(admin: &str) -> Result<Tap, AskError> {
+    pub async fn connect(admin: &str) -> Result<AdminClient, AskError> {
         let endpoint: Endpoint = (admin.parse()).map_err(|reason| AskError::Address {
             admin: admin.into(),
             reason,
@@ -125,7 +125,7 @@ impl Tap {
                 .await
                 .map_err(failed)?,
         };
-        Ok(Tap {
+        Ok(AdminClient {
             csds: ClientStatusDiscoveryServiceClient::new(channel.clone()),
             client: TapClient::new(channel),
             admin: admin.to_string(),

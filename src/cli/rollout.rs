@@ -5,7 +5,7 @@
 
 use std::process::ExitCode;
 
-use super::client::{block_on, AskError, Tap};
+use super::client::{block_on, AskError, AdminClient};
 use super::status::{age, landed, one_line};
 use super::{table, RolloutArgs};
 use crate::api::tap::RolloutsRequest;
@@ -115,7 +115,7 @@ pub async fn fetch(
     version: Option<&str>,
     types: &[String],
 ) -> Result<RolloutReport, AskError> {
-    let mut tap = Tap::connect(admin).await?;
+    let mut tap = AdminClient::connect(admin).await?;
     let request = RolloutsRequest {
         version: version.unwrap_or("").to_string(),
         types: types.to_vec(),

@@ -5,7 +5,7 @@
 
 use std::process::ExitCode;
 
-use super::client::{block_on, AskError, Tap};
+use super::client::{block_on, AskError, AdminClient};
 use super::{table, StatusArgs};
 use crate::api::tap::StatusRequest;
 use crate::observe::board::{worst, NodeStatus, StatusReport, SyncState, TypeStatus};
@@ -55,7 +55,7 @@ pub async fn fetch_resources(
         string_matcher::MatchPattern, ClientResourceStatus, ClientStatusRequest, ConfigStatus,
         NodeMatcher, StringMatcher,
     };
-    let mut tap = Tap::connect(admin).await?;
+    let mut tap = AdminClient::connect(admin).await?;
     let request = ClientStatusRequest {
         node_matchers: (node.into_iter())
             .map(|id| NodeMatcher {
@@ -131,7 +131,7 @@ fn render_resources(ResourceRows(rows): &ResourceRows, wide: bool) -> String {
 
 /// The status board of the tap at `admin` (of one node, or all).
 pub async fn fetch(admin: &str, node: Option<&str>) -> Result<StatusReport, AskError> {
-    let mut tap = Tap::connect(admin).await?;
+    let mut tap = AdminClient::connect(admin).await?;
     let request = StatusRequest {
         node: node.unwrap_or("").to_string(),
     };

@@ -14,7 +14,7 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use super::client::{block_on, Tap};
+use super::client::{block_on, AdminClient};
 use super::rollout::details;
 use super::WaitArgs;
 use crate::api::tap::RolloutsRequest;
@@ -59,7 +59,7 @@ pub fn run(args: &WaitArgs) -> ExitCode {
 async fn wait(args: &WaitArgs) -> ExitCode {
     let started = Instant::now();
     let deadline = started + args.timeout.0;
-    let mut tap = match Tap::connect(&args.admin.admin).await {
+    let mut tap = match AdminClient::connect(&args.admin.admin).await {
         Ok(t) => t,
         Err(e) => return e.exit("wait"),
     };

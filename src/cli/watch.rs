@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use super::client::{block_on, Tap};
+use super::client::{block_on, AdminClient};
 use super::status::{landed, one_line};
 use super::{Output, WatchArgs, EX_UNAVAILABLE};
 use crate::api::tap::{WatchEvent, WatchRequest};
@@ -18,7 +18,7 @@ pub fn run(args: &WatchArgs) -> ExitCode {
 }
 
 async fn watch(args: &WatchArgs) -> ExitCode {
-    let mut tap = match Tap::connect(&args.admin.admin).await {
+    let mut tap = match AdminClient::connect(&args.admin.admin).await {
         Ok(t) => t,
         Err(e) => return e.exit("watch"),
     };

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches};
 use serde::Deserialize;
 
-use super::values::{AdminAddress, Count, Duration, LogFormat, Size};
+use super::values::{AdminAddress, Count, HumanDuration, LogFormat, Size};
 use super::{option_name, ConfigError};
 use crate::observe::spans::{Grouping, Protocol};
 use crate::proxy::Endpoint;
@@ -25,10 +25,10 @@ pub struct Options {
     pub upstream: Option<Endpoint>,
     /// Time open streams get to finish after SIGTERM/SIGINT.
     #[arg(long, value_name = "DURATION")]
-    pub shutdown_grace: Option<Duration>,
+    pub shutdown_grace: Option<HumanDuration>,
     /// Upstream connect timeout, TCP + TLS + HTTP/2 handshake.
     #[arg(long, value_name = "DURATION")]
-    pub connect_timeout: Option<Duration>,
+    pub connect_timeout: Option<HumanDuration>,
     /// Worker threads for forwarding and observing; one is the cheapest per byte, raise it for
     /// a tap tier carrying many proxies.
     #[arg(long, value_name = "N")]
@@ -184,14 +184,14 @@ pub struct AdminOptions {
         long = "stale-after",
         value_name = "DURATION"
     )]
-    pub stale_after: Option<Duration>,
+    pub stale_after: Option<HumanDuration>,
     /// Disconnected nodes leave the status view after this long.
     #[arg(
         id = "admin.forget_after",
         long = "forget-after",
         value_name = "DURATION"
     )]
-    pub forget_after: Option<Duration>,
+    pub forget_after: Option<HumanDuration>,
     /// Nodes kept in the status view; past it the longest-idle node leaves.
     #[arg(id = "admin.max_nodes", long = "max-nodes", value_name = "N")]
     pub max_nodes: Option<Count>,

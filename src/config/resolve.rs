@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use super::options::{
     AdminOptions, LogOptions, Options, SpanOptions, TlsOptions, UpstreamTlsOptions,
 };
-use super::values::{AdminAddress, Count, Duration, LogFormat};
+use super::values::{AdminAddress, Count, HumanDuration, LogFormat};
 use super::{
     invalid, missing, option_name, ConfigError, DEFAULT_ADMIN, DEFAULT_DECODE_LIMIT,
     DEFAULT_EVENT_QUEUE, DEFAULT_LOG_LEVEL, DEFAULT_THREADS,
@@ -248,8 +248,8 @@ impl UpstreamTlsOptions {
 }
 
 fn proxy_settings(
-    shutdown_grace: Option<Duration>,
-    connect_timeout: Option<Duration>,
+    shutdown_grace: Option<HumanDuration>,
+    connect_timeout: Option<HumanDuration>,
     max_connections: Option<Count>,
 ) -> Result<Settings, ConfigError> {
     let defaults = Settings::default();

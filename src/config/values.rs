@@ -1,4 +1,4 @@
-//! Option values: the types an option's text parses into ([`Size`], [`Duration`], [`Count`],
+//! Option values: the types an option's text parses into ([`Size`], [`HumanDuration`], [`Count`],
 //! [`AdminAddress`], [`LogFormat`]) and how clap and serde parse every one of them through its
 //! `FromStr`, so a flag and a YAML key give the same value or the same error.
 
@@ -102,7 +102,7 @@ macro_rules! option_value {
 option_value!(
     Endpoint,
     Size,
-    Duration,
+    HumanDuration,
     Count,
     AdminAddress,
     LogFormat,
@@ -176,9 +176,9 @@ impl fmt::Display for Size {
 
 /// A duration: `10s`, `500ms`, `2m`, `1h`; a bare number is seconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Duration(pub std::time::Duration);
+pub struct HumanDuration(pub std::time::Duration);
 
-impl FromStr for Duration {
+impl FromStr for HumanDuration {
     type Err = ValueError;
     fn from_str(s: &str) -> Result<Self, ValueError> {
         let s = s.trim();
@@ -204,11 +204,11 @@ impl FromStr for Duration {
         if !secs.is_finite() || !(0.0..=86_400.0 * 365.0).contains(&secs) {
             return Err(ValueError::Range);
         }
-        Ok(Duration(std::time::Duration::from_secs_f64(secs)))
+        Ok(HumanDuration(std::time::Duration::from_secs_f64(secs)))
     }
 }
 
-impl fmt::Display for Duration {
+impl fmt::Display for HumanDuration {
     /// As it is written: `10s`, `10m`, `1h`, `500ms`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let d = self.0;
@@ -220,7 +220,7 @@ impl fmt::Display for Duration {
     }
 }
 
-impl Duration {
+impl HumanDuration {
     /// The duration, or an error naming option `id` when it is zero.
     pub(super) fn positive(self, id: &str) -> Result<std::time::Duration, ConfigError> {
         if self.0.is_zero() {

@@ -244,14 +244,6 @@ pub struct StatusBoard {
     settings: StatusSettings,
 }
 
-fn node_key(event: &Event) -> std::borrow::Cow<'_, str> {
-    let at = event.context();
-    match &at.node {
-        Some(n) if !n.id.is_empty() => std::borrow::Cow::Borrowed(&n.id),
-        _ => format!("(no node id, stream {})", at.stream.stream_id).into(),
-    }
-}
-
 impl StatusBoard {
     /// An empty board.
     pub fn new(settings: StatusSettings) -> Self {
@@ -287,7 +279,7 @@ impl StatusBoard {
                 Some(k) => k.into(),
                 None => return,
             },
-            _ => node_key(event),
+            _ => event.node_id(),
         };
         self.forget_old(&mut board, now);
         if !board.nodes.contains_key(&*key) {

@@ -2,7 +2,6 @@
 //! latency are updated by a sink on the queue's task; the forwarder's and observer's counters
 //! are read at scrape time. No per-node label: per-node detail lives in `/status`.
 
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -14,6 +13,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use super::board::{StatusBoard, SyncState};
+use crate::proxy::counter;
 use super::spans::SpanStats;
 use super::{Sink, TapStats};
 use crate::correlate::Event;
@@ -94,10 +94,6 @@ impl std::fmt::Debug for Sources {
     }
 }
 
-fn read(c: &AtomicU64) -> u64 {
-    c.load(std::sync::atomic::Ordering::Relaxed)
-}
-
 /// One family read at scrape time: counter or gauge, and its samples (labels, value).
 struct Scraped {
     name: &'static str,
@@ -154,57 +150,57 @@ impl Sources {
                 C,
                 "direction",
                 &[
-                    ("request", read(&p.request_bytes)),
-                    ("response", read(&p.response_bytes)),
+                    ("request", counter(&p.request_bytes)),
+                    ("response", counter(&p.response_bytes)),
                 ],
             ),
             one(
                 "xdstap_connections",
                 "Client connections accepted.",
                 C,
-                read(&p.connections_total),
+                counter(&p.connections_total),
             ),
             one(
                 "xdstap_connections_active",
                 "Client connections open.",
                 G,
-                read(&p.connections_active),
+                counter(&p.connections_active),
             ),
             one(
                 "xdstap_streams",
                 "HTTP/2 streams forwarded (any method).",
                 C,
-                read(&p.streams_total),
+                counter(&p.streams_total),
             ),
             one(
                 "xdstap_upstream_connect_errors",
                 "Failed connections to the control plane.",
                 C,
-                read(&p.upstream_connect_errors),
+                counter(&p.upstream_connect_errors),
             ),
             one(
                 "xdstap_handshake_errors",
                 "Client connections that failed the TLS or HTTP/2 handshake.",
                 C,
-                read(&p.handshake_errors),
+                counter(&p.handshake_errors),
             ),
             one(
                 "xdstap_silent_connections",
                 "Client connections closed because they sent nothing within 10 s (never dialled upstream).",
                 C,
-                read(&p.silent_connections),
+                counter(&p.silent_connections),
             ),
             one(
                 "xdstap_refused_connections",
                 "Client connections closed on accept because --max-connections were open.",
                 C,
-                read(&p.refused_connections),
+                counter(&p.refused_connections),
             ),
             one(
                 "xdstap_connection_errors",
                 "Client connections that ended with an error after the handshake.",
                 C,
-                read(&p.connection_errors),
+                counter(&p.connection_errors),
             ),
         ];
         let stopped = [
@@ -298,7 +294,7 @@ impl Sources {
         ];
         let mut all: Vec<Scraped> = counted
             .into_iter()
-            .map(|(name, help, c)| one(name, help, C, read(c)))
+            .map(|(name, help, c)| one(name, help, C, counter(c)))
             .collect();
         all.extend(self.board_bounds());
         all.push(by(
@@ -307,8 +303,8 @@ impl Sources {
             C,
             "direction",
             &[
-                ("request", read(&t.request_messages)),
-                ("response", read(&t.response_messages)),
+                ("request", counter(&t.request_messages)),
+                ("response", counter(&t.response_messages)),
             ],
         ));
         all.push(by(
@@ -317,8 +313,8 @@ impl Sources {
             G,
             "api",
             &[
-                ("sotw", read(&t.streams_sotw)),
-                ("delta", read(&t.streams_delta)),
+                ("sotw", counter(&t.streams_sotw)),
+                ("delta", counter(&t.streams_delta)),
             ],
         ));
         all.push(by(
@@ -327,10 +323,10 @@ impl Sources {
             C,
             "reason",
             &[
-                ("invalid_protobuf", read(&t.decode_invalid)),
-                ("encoding", read(&t.decode_encoding)),
-                ("too_large", read(&t.decode_too_large)),
-                ("framing", read(&t.framing_errors)),
+                ("invalid_protobuf", counter(&t.decode_invalid)),
+                ("encoding", counter(&t.decode_encoding)),
+                ("too_large", counter(&t.decode_too_large)),
+                ("framing", counter(&t.framing_errors)),
             ],
         ));
         let counts = self.status.counts(super::now());

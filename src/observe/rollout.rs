@@ -252,15 +252,6 @@ fn group_key(message: &str) -> String {
         .join(" ")
 }
 
-/// The node id an event is about, as the status board names it.
-fn node_id(event: &Event) -> std::borrow::Cow<'_, str> {
-    let at = event.context();
-    match &at.node {
-        Some(n) if !n.id.is_empty() => std::borrow::Cow::Borrowed(&n.id),
-        _ => format!("(no node id, stream {})", at.stream.stream_id).into(),
-    }
-}
-
 /// Whether `type_url` is among `types` (short names such as `CDS`, or type URLs; none: all).
 pub fn type_wanted(types: &[String], type_url: &str) -> bool {
     types.is_empty()
@@ -323,7 +314,7 @@ impl Book {
         if push.version.is_empty() || push.heartbeat() {
             return;
         }
-        let node = self.intern(&node_id(event), settings.max_nodes.saturating_mul(2));
+        let node = self.intern(&event.node_id(), settings.max_nodes.saturating_mul(2));
         if self.rollout(&at.type_url, &push.version).is_none() {
             let type_url = self.intern(&at.type_url, usize::MAX);
             let version = self.intern(&push.version, settings.max_nodes.saturating_mul(4));
@@ -374,7 +365,7 @@ impl Book {
         if push.heartbeat() {
             return;
         }
-        let node = self.intern(&node_id(event), settings.max_nodes.saturating_mul(2));
+        let node = self.intern(&event.node_id(), settings.max_nodes.saturating_mul(2));
         let running = match verdict {
             Verdict::Ack => Some(push.version.as_str()),
             Verdict::Nack { .. } => client_version.as_deref().filter(|v| !v.is_empty()),
@@ -401,7 +392,7 @@ impl Book {
             Event::Verdict { .. } => self.on_verdict(event, settings),
             // A client reconnecting states what it runs: it accepted that version.
             Event::Resubscribe { at, version, .. } if !version.is_empty() => {
-                let node = self.intern(&node_id(event), settings.max_nodes.saturating_mul(2));
+                let node = self.intern(&event.node_id(), settings.max_nodes.saturating_mul(2));
                 self.set_running(&node, &at.type_url, version, settings.max_nodes);
                 if let Some(e) =
                     (self.rollout(&at.type_url, version)).and_then(|r| r.nodes.get_mut(&node))
@@ -415,7 +406,7 @@ impl Book {
                 clusters,
                 ..
             } => {
-                let node = self.intern(&node_id(event), settings.max_nodes.saturating_mul(2));
+                let node = self.intern(&event.node_id(), settings.max_nodes.saturating_mul(2));
                 if clusters.is_empty() {
                     self.waiting.remove(&node);
                 } else if self.waiting.contains_key(&node)

@@ -9,10 +9,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use support::raw;
 use support::scripted::{response, Scripted};
-use support::tap::{get, TapOptions, XdsTap};
+use support::tap::{TapOptions, XdsTap};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use xdstap::observe::TapStats;
+use xdstap::proxy::counter;
 
 const ADS: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
@@ -139,7 +139,7 @@ async fn a_length_prefix_claiming_4_gib_is_forwarded_and_counted_at_once() {
     let echoed = ads_exchange(&tap, &[], Bytes::from(wire.clone())).await;
     assert_eq!(echoed, wire, "forwarded byte for byte");
     assert_eq!(
-        TapStats::get(&tap.stats.decode_too_large),
+        xdstap::proxy::counter(&tap.stats.decode_too_large),
         2,
         "the request and its echo, each counted as its prefix passed"
     );
@@ -153,7 +153,7 @@ async fn invalid_protobuf_and_an_unknown_encoding_are_forwarded_and_counted() {
     let bad = grpc(0, &[0x0a, 100, 1, 2, 3]);
     assert_eq!(ads_exchange(&tap, &[], bad.clone()).await, bad.to_vec());
     assert_eq!(
-        TapStats::get(&tap.stats.decode_invalid),
+        xdstap::proxy::counter(&tap.stats.decode_invalid),
         2,
         "request and echoed response"
     );
@@ -161,8 +161,8 @@ async fn invalid_protobuf_and_an_unknown_encoding_are_forwarded_and_counted() {
     let snappy = grpc(1, b"\x00\x01\x02snappy-bytes");
     let echoed = ads_exchange(&tap, &[("grpc-encoding", "snappy")], snappy.clone()).await;
     assert_eq!(echoed, snappy.to_vec());
-    assert!(TapStats::get(&tap.stats.decode_encoding) >= 1);
-    assert_eq!(TapStats::get(&tap.stats.decoded), 0);
+    assert!(xdstap::proxy::counter(&tap.stats.decode_encoding) >= 1);
+    assert_eq!(xdstap::proxy::counter(&tap.stats.decoded), 0);
     healthy(&tap).await;
 }
 
@@ -231,7 +231,7 @@ async fn a_data_flood_on_one_stream_leaves_the_others_alone() {
     }
     let _ = status;
     healthy(&tap).await;
-    assert!(get(&tap.tap.stats.peak_buffered) <= xdstap::proxy::READ_CHUNK as u64);
+    assert!(counter(&tap.tap.stats.peak_buffered) <= xdstap::proxy::READ_CHUNK as u64);
 }
 
 /// An HTTP/2 frame header and payload.

@@ -147,10 +147,10 @@ async fn story(delta: bool) {
         assert!(
             std::time::Instant::now() < deadline,
             "no resubscribe; streams total {} active {} conns {} connect errors {};",
-            support::tap::get(&tap.tap.stats.streams_total),
-            support::tap::get(&tap.tap.stats.streams_active),
-            support::tap::get(&tap.tap.stats.connections_total),
-            support::tap::get(&tap.tap.stats.upstream_connect_errors)
+            xdstap::proxy::counter(&tap.tap.stats.streams_total),
+            xdstap::proxy::counter(&tap.tap.stats.streams_active),
+            xdstap::proxy::counter(&tap.tap.stats.connections_total),
+            xdstap::proxy::counter(&tap.tap.stats.upstream_connect_errors)
         );
         assert!(
             std::time::Instant::now() < deadline,

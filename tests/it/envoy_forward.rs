@@ -38,7 +38,7 @@ async fn run(delta: bool, unix: bool) {
         clusters.contains("b::127.0.0.1:9"),
         "cluster b endpoints missing:\n{clusters}"
     );
-    assert!(support::tap::get(&tap.stats.streams_total) >= 1);
+    assert!(xdstap::proxy::counter(&tap.stats.streams_total) >= 1);
     assert!(cp.requests().iter().all(|r| r.delta == delta));
     assert!(cp
         .requests()

@@ -306,10 +306,7 @@ async fn a_reused_nonce_pairs_answers_in_order_and_is_counted() {
     assert_eq!(t.state, SyncState::Synced);
     assert_eq!(t.version_accepted.as_deref(), Some("r-again"));
     assert_eq!(t.nonce_reuses, reuses);
-    assert_eq!(
-        xdstap::observe::TapStats::get(&s.tap.stats.nonce_reuses),
-        reuses
-    );
+    assert_eq!(xdstap::proxy::counter(&s.tap.stats.nonce_reuses), reuses);
     let (_, metrics) = support::http_get(&s.tap.admin, "/metrics").await;
     assert!(
         metrics.contains(&format!("xdstap_nonce_reuses_total {reuses}")),

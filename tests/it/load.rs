@@ -336,5 +336,5 @@ async fn two_thousand_streams_lose_and_alter_nothing() {
     assert_eq!(c.get("nack").copied().unwrap_or(0), nacks);
     assert_eq!(c.get("superseded"), None);
     assert_eq!(c.get("unanswered"), None);
-    assert_eq!(xdstap::observe::TapStats::get(&tap.stats.dropped_events), 0);
+    assert_eq!(xdstap::proxy::counter(&tap.stats.dropped_events), 0);
 }

@@ -221,7 +221,7 @@ async fn story(delta: bool, receiver: Receiver, protocol: Protocol) {
             .iter()
             .all(|(path, ct)| path == "/v1/traces" && ct == "application/x-protobuf"));
     }
-    assert_eq!(xdstap::observe::TapStats::get(&stats.dropped), 0);
+    assert_eq!(xdstap::proxy::counter(&stats.dropped), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -296,17 +296,17 @@ async fn a_dead_backend_costs_spans_not_forwarding() {
         .await
         .expect("the export task ends after its last (failed) flush")
         .unwrap();
-    let dropped = xdstap::observe::TapStats::get(&stats.dropped);
-    let exported = xdstap::observe::TapStats::get(&stats.exported);
+    let dropped = xdstap::proxy::counter(&stats.dropped);
+    let exported = xdstap::proxy::counter(&stats.exported);
     assert_eq!(exported, 0);
     assert_eq!(dropped, spans, "every span is accounted for as dropped");
     assert!(
-        xdstap::observe::TapStats::get(&stats.export_errors) > 0,
+        xdstap::proxy::counter(&stats.export_errors) > 0,
         "export calls timed out"
     );
     // At most `queue` spans wait and `batch` are in flight: the rest were dropped at once, so
     // dropped-at-the-queue = spans - (exports attempted * batch) stays large.
-    let errors = xdstap::observe::TapStats::get(&stats.export_errors);
+    let errors = xdstap::proxy::counter(&stats.export_errors);
     assert!(
         errors * (batch as u64) < spans,
         "only {errors} batches were attempted for {spans} spans: the rest never queued"
@@ -443,10 +443,7 @@ async fn shutdown_flushes_waiting_spans() {
         .filter(|e| matches!(e, xdstap::correlate::Event::Verdict { .. }))
         .count();
     assert_eq!(receiver.spans().len(), verdicts);
-    assert_eq!(
-        xdstap::observe::TapStats::get(&stats.exported),
-        verdicts as u64
-    );
+    assert_eq!(xdstap::proxy::counter(&stats.exported), verdicts as u64);
     drop(envoy);
 }
 

@@ -101,7 +101,7 @@ async fn mtls_on_both_sides_and_a_client_without_certificate_is_refused() {
         "a request without client certificate reached upstream"
     );
     support::eventually(5, "handshake error counted", || {
-        (support::tap::get(&tap.stats.handshake_errors) >= 1).then_some(())
+        (xdstap::proxy::counter(&tap.stats.handshake_errors) >= 1).then_some(())
     })
     .await;
 

@@ -9,9 +9,10 @@ use bytes::Bytes;
 use h2::Reason;
 use support::echo::{self, digest, pattern};
 use support::raw;
-use support::tap::{get, Tap, TapOptions};
+use support::tap::{Tap, TapOptions};
 use tokio::net::TcpListener;
 use tokio_stream::StreamExt;
+use xdstap::proxy::counter;
 
 async fn echo_upstream() -> (String, tokio::sync::oneshot::Sender<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -55,7 +56,7 @@ async fn unary_body_metadata_and_error_status_pass_unchanged() {
     assert_eq!(status.code(), tonic::Code::FailedPrecondition);
     assert_eq!(status.message(), "failed on purpose: ünïcode %");
     assert_eq!(status.metadata().get("x-trailer").unwrap(), "kept");
-    assert_eq!(get(&tap.stats.streams_total), 2);
+    assert_eq!(counter(&tap.stats.streams_total), 2);
 }
 
 #[tokio::test]
@@ -110,7 +111,7 @@ async fn server_streaming_and_100_concurrent_bidi_streams() {
     while let Some(r) = tasks.join_next().await {
         r.unwrap();
     }
-    assert_eq!(get(&tap.stats.streams_total), 101);
+    assert_eq!(counter(&tap.stats.streams_total), 101);
 }
 
 #[tokio::test]
@@ -131,8 +132,8 @@ async fn one_64_mib_message_each_way() {
     let got: Vec<Bytes> = resp.into_inner().map(|m| m.unwrap()).collect().await;
     assert_eq!(got.len(), 1);
     assert_eq!(digest(&got[0]), digest(&big));
-    assert!(get(&tap.stats.request_bytes) > 64 << 20);
-    assert!(get(&tap.stats.response_bytes) > 64 << 20);
+    assert!(counter(&tap.stats.request_bytes) > 64 << 20);
+    assert!(counter(&tap.stats.response_bytes) > 64 << 20);
 }
 
 #[tokio::test]
@@ -225,7 +226,7 @@ async fn resets_propagate_with_the_same_code_both_ways() {
         .send_data(Bytes::from_static(b"partial"), false)
         .unwrap();
     support::eventually(5, "the upstream stream to open", || {
-        (get(&tap.stats.request_bytes) >= 7).then_some(())
+        (counter(&tap.stats.request_bytes) >= 7).then_some(())
     })
     .await;
     stream.send_reset(Reason::HTTP_1_1_REQUIRED);
@@ -258,7 +259,7 @@ async fn unreachable_upstream_gives_unavailable_naming_it_then_recovers() {
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unavailable);
     assert!(status.message().contains(&upstream), "{}", status.message());
-    assert_eq!(get(&tap.stats.upstream_connect_errors), 1);
+    assert_eq!(counter(&tap.stats.upstream_connect_errors), 1);
 
     // The upstream comes up on the same port: the next stream on the same connection works.
     let listener = TcpListener::bind(&upstream).await.unwrap();
@@ -292,7 +293,7 @@ async fn upstream_killed_mid_stream_then_restarted() {
         .send_data(Bytes::from_static(b"partial"), false)
         .unwrap();
     support::eventually(5, "bytes to reach upstream", || {
-        (get(&tap.stats.request_bytes) >= 7).then_some(())
+        (counter(&tap.stats.request_bytes) >= 7).then_some(())
     })
     .await;
     server.abort();
@@ -334,16 +335,16 @@ async fn a_reader_that_stops_stalls_the_writer_and_the_tap_holds_one_chunk() {
     let first = stream.next().await.unwrap().unwrap();
     assert_eq!(first.len(), 1 << 20);
     // Stop reading. Wait until forwarding stalls (no progress for 500 ms).
-    let mut last = get(&tap.stats.response_bytes);
+    let mut last = counter(&tap.stats.response_bytes);
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let now = get(&tap.stats.response_bytes);
+        let now = counter(&tap.stats.response_bytes);
         if now == last {
             break;
         }
         last = now;
     }
-    let peak = get(&tap.stats.peak_buffered);
+    let peak = counter(&tap.stats.peak_buffered);
     assert!(peak <= chunk, "peak buffered {peak} > one chunk {chunk}");
     assert!(
         last < 64 << 20,
@@ -356,7 +357,7 @@ async fn a_reader_that_stops_stalls_the_writer_and_the_tap_holds_one_chunk() {
         n += 1;
     }
     assert_eq!(n, 256);
-    assert!(get(&tap.stats.peak_buffered) <= chunk);
+    assert!(counter(&tap.stats.peak_buffered) <= chunk);
 }
 
 #[tokio::test]

@@ -89,10 +89,6 @@ impl Drop for Tap {
     }
 }
 
-pub fn get(counter: &std::sync::atomic::AtomicU64) -> u64 {
-    ProxyStats::get(counter)
-}
-
 /// The tap as `xdstap run` assembles it (the library's [`xdstap::Server`]), with its admin
 /// server on a loopback port; verdicts are read from a recorder.
 pub struct XdsTap {

@@ -1053,12 +1053,13 @@ fn blame(
         }
         Api::Delta => changed.extend(push.removed.iter().cloned()),
     }
+    let words = Mentions::of(message);
     let mut named: Vec<String> = push
         .resources
         .iter()
         .map(|r| r.name)
         .chain(push.removed.iter().map(Cow::from))
-        .filter(|n| mentions(message, n))
+        .filter(|n| words.names(n))
         .map(Cow::into_owned)
         .collect();
     named.dedup();
@@ -1070,12 +1071,48 @@ fn blame(
     (suspects, changed)
 }
 
+/// A character that may be part of a resource name as a message quotes it.
+fn word(c: char) -> bool {
+    c.is_alphanumeric() || matches!(c, '_' | '-' | '.' | '|' | '~' | '/')
+}
+
+/// A message's words, read once, so that asking whether it names each of a push's resources
+/// costs the message's length plus one lookup a name, not the message's length a name: a NACK
+/// message of 64 KiB against a push of 10,000 clusters is one pass, not 10,000.
+pub struct Mentions<'a> {
+    message: &'a str,
+    words: std::collections::HashSet<&'a str>,
+}
+
+impl<'a> Mentions<'a> {
+    /// The words of `message` (a word with one trailing `.`, which ends a sentence, also
+    /// without it).
+    pub fn of(message: &'a str) -> Self {
+        let mut words = std::collections::HashSet::new();
+        for w in message.split(|c: char| !word(c)).filter(|w| !w.is_empty()) {
+            words.insert(w);
+            if let Some(short) = w.strip_suffix('.') {
+                words.insert(short);
+            }
+        }
+        Mentions { message, words }
+    }
+
+    /// Whether the message names `name` as a whole word, as [`mentions`] says.
+    pub fn names(&self, name: &str) -> bool {
+        match name.chars().all(word) {
+            true => !name.is_empty() && self.words.contains(name),
+            // A name with characters no word has cannot be one word: searched for.
+            false => mentions(self.message, name),
+        }
+    }
+}
+
 /// Whether `message` mentions `name` as a whole word (so cluster `a` is not found in "value").
 pub fn mentions(message: &str, name: &str) -> bool {
     if name.is_empty() {
         return false;
     }
-    let word = |c: char| c.is_alphanumeric() || matches!(c, '_' | '-' | '.' | '|' | '~' | '/');
     let mut start = 0;
     while let Some(i) = message[start..].find(name) {
         let at = start + i;

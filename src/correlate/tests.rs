@@ -432,6 +432,20 @@ fn names_are_found_as_whole_words() {
     assert!(!mentions("value must be greater", "a"));
     assert!(!mentions("cluster ab: bad", "a"));
     assert!(mentions("rejected b.", "b"));
+    for (message, name) in [
+        ("Error adding/updating cluster(s) a: bad", "a"),
+        ("cluster ab: bad", "a"),
+        ("rejected b.", "b"),
+        ("rejected b..", "b"),
+        ("a.b. done", "a.b"),
+        ("secret kubernetes://x: bad", "kubernetes://x"),
+    ] {
+        assert_eq!(
+            Mentions::of(message).names(name),
+            mentions(message, name),
+            "{message:?} {name:?}"
+        );
+    }
 }
 
 /// What a client model did with one push: answered it (ACK or NACK), or dropped it.
@@ -544,6 +558,16 @@ fn in_order_ops(
 }
 
 proptest::proptest! {
+    /// Reading a message's words once gives what searching it for each name gives, for any
+    /// message and name over an alphabet of word and non-word characters.
+    #[test]
+    fn mentions_read_once_agree_with_searching(
+        message in "[ab.:| ]{0,24}",
+        name in "[ab.:|]{0,4}",
+    ) {
+        proptest::prop_assert_eq!(Mentions::of(&message).names(&name), mentions(&message, &name));
+    }
+
     /// SotW, unique nonces, a client answering in order and skipping some: every push it
     /// answered gets that answer (late or not), every push it skipped is superseded or, the
     /// newest of its type at the end, unanswered; one verdict each.

@@ -736,11 +736,13 @@ mod tests {
         );
         c.on_request(req(None, "v1", "2", Some("bad cc")), 5 * S, &mut e);
         feed(&board, std::mem::take(&mut e));
+        // A message of no known form: what it names (cc) is rejected; whether the removal of
+        // b landed is not known (the "b" in "bad" is no mention of it).
         assert_eq!(
             seen(&board),
             [
                 s("a", "v1", K::Synced, C::Acked, false),
-                s("b", "v1", K::Error, C::Acked, true),
+                s("b", "v1", K::Error, C::Unknown, true),
                 s("cc", "", K::Error, C::Nacked, true)
             ]
         );

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::{StatusBoard, TypeEntry};
-use crate::correlate::{Event, Push, Rejected, Scope, Timestamp, Verdict};
+use crate::correlate::{Event, Mentions, Push, Rejected, Scope, Timestamp, Verdict};
 use crate::xds::{Api, Needs};
 
 /// How long Envoy lets a listener warm for the routes and secrets it names before it serves
@@ -641,10 +641,12 @@ fn type_resources_held(url: &str, t: &TypeEntry, out: &mut Vec<ResourceStatus>) 
         Some(n) => n.suspects.is_empty() || n.suspects.iter().any(|s| s == name),
         None => false,
     };
-    // Scope unknown: only what the message names is known to be rejected.
-    let unknown = |name: &str| {
-        (u.nack.as_ref()).is_some_and(|n| n.scope == Scope::Unknown && !n.message.contains(name))
-    };
+    // Scope unknown: only what the message names is known to be rejected (its words read
+    // once for all the names).
+    let words = (u.nack.as_ref())
+        .filter(|n| n.scope == Scope::Unknown)
+        .map(|n| Mentions::of(&n.message));
+    let unknown = |name: &str| words.as_ref().is_some_and(|w| !w.names(name));
     let unsettled = |name: String, before: Option<&Had>| ResourceStatus {
         type_url: url.to_string(),
         version: before.map(|h| h.version.clone()).unwrap_or_default(),

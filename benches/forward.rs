@@ -210,7 +210,7 @@ fn bench(c: &mut Criterion) {
         .unwrap();
     let push = Arc::new(PushTemplate::new());
     let push_len = push.wire_len();
-    let stats = Arc::new(xdstap::observe::TapStats::default());
+    let stats = Arc::new(xdstap::sinks::TapStats::default());
     let (direct, tap, tap_decode, _pipeline) = rt.block_on(async {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let direct = listener.local_addr().unwrap().to_string();

@@ -21,9 +21,9 @@ use tonic::codegen::Service;
 
 use crate::api::csds::client_status_discovery_service_server::ClientStatusDiscoveryServiceServer;
 use crate::api::tap::tap_server::TapServer;
-use crate::observe::board::StatusBoard;
-use crate::observe::rollout::Rollouts;
-use crate::observe::watch::Watchers;
+use crate::sinks::board::StatusBoard;
+use crate::sinks::rollout::Rollouts;
+use crate::sinks::watch::Watchers;
 use crate::proxy::{Endpoint, Listener};
 
 /// Admin connections open at once at most (watchers and CSDS streams hold one each).
@@ -173,7 +173,7 @@ async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> 
     match req.uri().path() {
         "/status" => {
             let node = node_param(req.uri().query());
-            let mut report = admin.status.report(crate::observe::now(), node.as_deref());
+            let mut report = admin.status.report(crate::sinks::now(), node.as_deref());
             if let (Some(id), [one]) = (&node, &mut report.nodes[..]) {
                 let mut of = admin.status.resources(|n| n == id);
                 one.resources = (of.pop().into_iter())
@@ -197,13 +197,13 @@ async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> 
             let query = req.uri().query();
             let version = params(query, "version").next();
             let types: Vec<String> = params(query, "type").collect();
-            let now = crate::observe::now();
+            let now = crate::sinks::now();
             json(&admin.rollouts.report(now, version.as_deref(), &types))
         }
         "/metrics" => reply(
             StatusCode::OK,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            crate::observe::metrics::render(&admin.registry),
+            crate::sinks::metrics::render(&admin.registry),
         ),
         "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n"),
         "/readyz" => match admin.ready().await {

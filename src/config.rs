@@ -9,10 +9,10 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use crate::observe::board::StatusSettings;
-use crate::observe::rollout::RolloutSettings;
-use crate::observe::spans::SpanSettings;
 use crate::proxy::Settings;
+use crate::sinks::board::StatusSettings;
+use crate::sinks::rollout::RolloutSettings;
+use crate::sinks::spans::SpanSettings;
 
 mod options;
 mod resolve;

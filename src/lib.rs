@@ -10,7 +10,7 @@
 //! - [`grpc`]: gRPC message framing, streamed.
 //! - [`xds`]: method classification and the streaming decoder of the four xDS messages.
 //! - [`correlate`]: the pure state machine that pairs pushes with answers.
-//! - [`observe`]: the bounded event queue and its sinks: log lines, the JSON-lines event log,
+//! - [`sinks`]: the bounded event queue and its sinks: log lines, the JSON-lines event log,
 //!   OTLP spans, the status board, the rollout view, Prometheus metrics, live watchers.
 //! - [`tap`]: the proxy's observer: framing -> decode -> correlate -> queue, inline.
 //! - [`api`]: the gRPC code generated from `proto/` (the tap's own API, CSDS), and the views'
@@ -25,8 +25,8 @@
 //!
 //! # One-way rules
 //! Checked by `tests/it/layout.rs`:
-//! - `proxy` imports nothing from `grpc`, `xds`, `correlate`, `tap` or `observe`.
-//! - `grpc`, `xds` and `correlate` use no tokio, no clock, and nothing from `observe`;
+//! - `proxy` imports nothing from `grpc`, `xds`, `correlate`, `tap` or `sinks`.
+//! - `grpc`, `xds` and `correlate` use no tokio, no clock, and nothing from `sinks`;
 //!   `correlate` imports only from `xds`.
 //! - Nothing imports from `tap`, `demo` or the binary except the assembly (`server`, and the
 //!   binary itself).
@@ -56,7 +56,7 @@ internal! {
     correlate;
     demo;
     grpc;
-    observe;
+    sinks;
     tap;
     xds;
 }

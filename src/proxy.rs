@@ -5,14 +5,14 @@
 //!
 //! - `listen`: where the tap listens; `tls`: rustls on either side; `upstream`: dialing.
 //! - `relay`: one connection pair, both directions in one task, moving bytes.
-//! - `observation`: what the bytes mean: streams and their observers, for one connection;
+//! - `reader`: what the bytes mean: streams and their observers, for one connection;
 //!   `frame` and `headers` read frames and HPACK header blocks for it.
 //! - `unavailable`: the one case the tap speaks HTTP/2 itself, an upstream it cannot reach.
 
 mod frame;
 mod headers;
 pub(crate) mod listen;
-mod observation;
+mod reader;
 mod relay;
 mod tls;
 mod unavailable;
@@ -31,7 +31,7 @@ use tokio_rustls::TlsAcceptor;
 pub use frame::{Broken, Frame, FrameReader, Reason, StreamId, PREFACE};
 pub use headers::{HeaderReader, Headers, HpackError, MAX_HEADER_LIST};
 pub use listen::{AddressError, Endpoint, Io, Listener};
-pub use observation::{Observation, MAX_HEADER_BLOCK, MAX_STREAMS};
+pub use reader::{ConnectionReader, MAX_HEADER_BLOCK, MAX_STREAMS};
 pub use relay::READ_CHUNK;
 pub use tls::{ClientTls, ServerTls, TlsError};
 pub use upstream::{ConnectError, Connector};
@@ -409,7 +409,7 @@ async fn connection(
         }
     };
     tracing::info!(conn = conn_id, %peer, upstream = %shared.connector.endpoint(), "Connection opened");
-    let mut observation = Observation::new(
+    let mut observation = ConnectionReader::new(
         shared.observer.clone(),
         stats.clone(),
         shared.next_stream.clone(),

@@ -13,14 +13,14 @@ use std::time::Duration;
 
 use crate::admin::Admin;
 use crate::config::{option_name, Config, ConfigError};
-use crate::observe::board::StatusBoard;
-use crate::observe::eventlog::EventLog;
-use crate::observe::metrics::Sources;
-use crate::observe::rollout::Rollouts;
-use crate::observe::spans::{SetupError, SpanStats};
-use crate::observe::watch::Watchers;
-use crate::observe::{Sink, TapStats};
 use crate::proxy::{Connector, Listener, Observe, Proxy, ProxyStats};
+use crate::sinks::board::StatusBoard;
+use crate::sinks::eventlog::EventLog;
+use crate::sinks::metrics::Sources;
+use crate::sinks::rollout::Rollouts;
+use crate::sinks::spans::{SetupError, SpanStats};
+use crate::sinks::watch::Watchers;
+use crate::sinks::{Sink, TapStats};
 use crate::tap::{Pipeline, PipelineOptions};
 
 /// How long the span exporter gets to deliver what is queued at shutdown.
@@ -138,7 +138,7 @@ impl Server {
         let admin_listener = bind_admin(&config).await?;
         let proxy_stats = Arc::new(ProxyStats::default());
         let tap_stats = Arc::new(TapStats::default());
-        let (registry, push_metrics) = crate::observe::metrics::registry(Sources {
+        let (registry, push_metrics) = crate::sinks::metrics::registry(Sources {
             proxy: proxy_stats.clone(),
             tap: tap_stats.clone(),
             spans: span_stats.clone(),
@@ -216,7 +216,7 @@ fn outputs(
     let endpoint = (settings.endpoint.clone())
         .or_else(|| settings.file.as_ref().map(|f| f.display().to_string()))
         .unwrap_or_else(|| "OTEL_EXPORTER_OTLP_ENDPOINT".into());
-    let (sink, task) = crate::observe::spans::start(settings, span_stats.clone())?;
+    let (sink, task) = crate::sinks::spans::start(settings, span_stats.clone())?;
     tracing::info!(%endpoint, "Exporting spans");
     sinks.push(Box::new(sink));
     Ok(Some(task))

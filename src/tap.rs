@@ -9,7 +9,7 @@ use bytes::Bytes;
 
 use crate::correlate::{Correlator, Event, StreamContext};
 use crate::grpc::{Deframer, Part};
-use crate::observe::{now, EventSender, TapStats};
+use crate::sinks::{now, EventSender, TapStats};
 use crate::proxy::{Direction, Headers, Observe, Side, StreamEnd, StreamInfo, StreamObserver};
 use crate::xds::decode::{DecodeError, MessageDecoder};
 use crate::xds::scan::Kind;
@@ -342,7 +342,7 @@ impl XdsStream {
 pub struct Pipeline {
     /// The observer for [`crate::proxy::Proxy::new`].
     pub tap: Arc<Tap>,
-    sinks: crate::observe::Sinks,
+    sinks: crate::sinks::Sinks,
 }
 
 /// How a [`Pipeline`] is set up.
@@ -359,12 +359,12 @@ impl Pipeline {
     pub fn start(
         options: PipelineOptions,
         stats: Arc<TapStats>,
-        sinks: Vec<Box<dyn crate::observe::Sink>>,
+        sinks: Vec<Box<dyn crate::sinks::Sink>>,
     ) -> std::io::Result<Pipeline> {
-        let mut all: Vec<Box<dyn crate::observe::Sink>> = vec![Box::new(crate::observe::LogSink)];
+        let mut all: Vec<Box<dyn crate::sinks::Sink>> = vec![Box::new(crate::sinks::LogSink)];
         all.extend(sinks);
         let (events, sinks) =
-            crate::observe::Sinks::start(options.queue_capacity, stats.clone(), all)?;
+            crate::sinks::Sinks::start(options.queue_capacity, stats.clone(), all)?;
         Ok(Pipeline {
             tap: Arc::new(Tap::new(events, stats, options.decode_limit)),
             sinks,

@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use xdstap::correlate::{Context, Correlator, Event, Push, StreamContext, Verdict};
-use xdstap::observe::board::{StatusBoard, StatusSettings};
-use xdstap::observe::rollout::{RolloutSettings, Rollouts};
+use xdstap::sinks::board::{StatusBoard, StatusSettings};
+use xdstap::sinks::rollout::{RolloutSettings, Rollouts};
 use xdstap::xds::{Api, ErrorDetail, Interner, Node, Request, Resources, Response, CLUSTER};
 
 struct Counting;

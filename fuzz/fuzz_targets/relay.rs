@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use xdstap::proxy::{
-    Direction, Headers, Observation, Observe, ProxyStats, StreamEnd, StreamInfo, StreamObserver,
+    Direction, Headers, ConnectionReader, Observe, ProxyStats, StreamEnd, StreamInfo, StreamObserver,
     PREFACE,
 };
 
@@ -59,7 +59,7 @@ fuzz_target!(|data: &[u8]| {
     let drain_after = (knobs as usize >> 4) % 5;
 
     let ledger = Arc::new(Ledger::default());
-    let mut seen = Observation::new(
+    let mut seen = ConnectionReader::new(
         Arc::new(Books(ledger.clone())),
         Arc::new(ProxyStats::default()),
         Arc::new(AtomicU64::new(1)),

@@ -12,8 +12,8 @@ use tonic::{Request, Response, Status};
 use super::Admin;
 use crate::api::tap::{self, tap_server};
 use crate::correlate::{Event, Verdict};
-use crate::observe::record::rfc3339;
-use crate::observe::rollout::type_wanted;
+use crate::sinks::record::rfc3339;
+use crate::sinks::rollout::type_wanted;
 use crate::xds::short_type;
 
 /// The service over the admin's views.
@@ -30,7 +30,7 @@ impl tap_server::Tap for TapApi {
     ) -> Result<Response<tap::StatusReport>, Status> {
         let node = request.into_inner().node;
         let only = (!node.is_empty()).then_some(node.as_str());
-        let report = self.0.status.report(crate::observe::now(), only);
+        let report = self.0.status.report(crate::sinks::now(), only);
         if only.is_some() && report.nodes.is_empty() {
             return Err(Status::not_found(format!("no node {node:?}")));
         }
@@ -43,7 +43,7 @@ impl tap_server::Tap for TapApi {
     ) -> Result<Response<tap::RolloutReport>, Status> {
         let r = request.into_inner();
         let version = (!r.version.is_empty()).then_some(r.version.as_str());
-        let report = (self.0.rollouts).report(crate::observe::now(), version, &r.types);
+        let report = (self.0.rollouts).report(crate::sinks::now(), version, &r.types);
         Ok(Response::new(report.into()))
     }
 

@@ -3,10 +3,10 @@
 //! HTTP endpoints print). Field by field, both ways, tested as a round trip.
 
 use super::tap;
-use crate::observe::board::{
+use crate::sinks::board::{
     NackInfo, NodeStatus, ResourceErrorInfo, StatusReport, SyncState, TypeStatus,
 };
-use crate::observe::rollout::{Latency, NackSummary, NodeStanding, RolloutReport, RolloutStatus};
+use crate::sinks::rollout::{Latency, NackSummary, NodeStanding, RolloutReport, RolloutStatus};
 
 impl From<SyncState> for tap::SyncState {
     fn from(s: SyncState) -> Self {

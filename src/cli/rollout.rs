@@ -9,7 +9,7 @@ use super::client::{block_on, AskError, AdminClient};
 use super::status::{age, landed, one_line};
 use super::{table, RolloutArgs};
 use crate::api::tap::RolloutsRequest;
-use crate::observe::rollout::{RolloutReport, RolloutStatus};
+use crate::sinks::rollout::{RolloutReport, RolloutStatus};
 
 /// `xdstap rollout`.
 pub fn run(args: &RolloutArgs) -> ExitCode {

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use super::client::{block_on, AskError, AdminClient};
 use super::{table, StatusArgs};
 use crate::api::tap::StatusRequest;
-use crate::observe::board::{worst, NodeStatus, StatusReport, SyncState, TypeStatus};
+use crate::sinks::board::{worst, NodeStatus, StatusReport, SyncState, TypeStatus};
 
 /// `xdstap status`: fetch, print, and say by the exit status whether anything needs attention.
 pub fn run(args: &StatusArgs) -> ExitCode {

@@ -18,7 +18,7 @@ use super::client::{block_on, AdminClient};
 use super::rollout::details;
 use super::WaitArgs;
 use crate::api::tap::RolloutsRequest;
-use crate::observe::rollout::{RolloutReport, RolloutStatus};
+use crate::sinks::rollout::{RolloutReport, RolloutStatus};
 
 /// How often the tap is asked.
 const POLL: Duration = Duration::from_millis(100);

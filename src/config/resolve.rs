@@ -11,10 +11,10 @@ use super::{
     invalid, missing, option_name, ConfigError, DEFAULT_ADMIN, DEFAULT_DECODE_LIMIT,
     DEFAULT_EVENT_QUEUE, DEFAULT_LOG_LEVEL, DEFAULT_THREADS,
 };
-use crate::observe::board::StatusSettings;
-use crate::observe::rollout::RolloutSettings;
-use crate::observe::spans::{SpanSettings, UnknownName};
 use crate::proxy::{ClientTls, Endpoint, ServerTls, Settings};
+use crate::sinks::board::StatusSettings;
+use crate::sinks::rollout::RolloutSettings;
+use crate::sinks::spans::{SpanSettings, UnknownName};
 
 /// Validated settings for `xdstap run`.
 #[derive(Debug, Clone)]

@@ -11,8 +11,8 @@ use clap::builder::{TypedValueParser, ValueParserFactory};
 use serde::Deserialize;
 
 use super::{invalid, ConfigError};
-use crate::observe::spans::{Grouping, Protocol};
 use crate::proxy::Endpoint;
+use crate::sinks::spans::{Grouping, Protocol};
 
 /// The value parser of every typed option: the type's own `FromStr`, with an error that names
 /// the option (the arg's id is its YAML key), its flag and the value.

@@ -14,10 +14,10 @@ use super::printer::Printer;
 use crate::cli::Client;
 use crate::config::{AdminAddress, AdminOptions, Options};
 use crate::correlate::{Event, Scope, Verdict};
-use crate::observe::board::StatusReport;
-use crate::observe::rollout::{RolloutReport, RolloutSettings, Rollouts};
-use crate::observe::spans::SpanSettings;
-use crate::observe::Recorder;
+use crate::sinks::board::StatusReport;
+use crate::sinks::rollout::{RolloutReport, RolloutSettings, Rollouts};
+use crate::sinks::spans::SpanSettings;
+use crate::sinks::Recorder;
 use crate::proxy::{Endpoint, Listener};
 use crate::server::Server;
 use crate::xds::short_type;
@@ -257,7 +257,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<Outcome> {
         printer: Printer {
             json: options.json,
             color: options.color,
-            start: crate::observe::now(),
+            start: crate::sinks::now(),
             seen: 0,
         },
         recorder,
@@ -273,8 +273,8 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<Outcome> {
 
     // The status and rollout views, as `xdstap status` and `xdstap rollout` would show them,
     // then the spans flushed.
-    let report = status.report(crate::observe::now(), None);
-    let rollouts = rollouts.report(crate::observe::now(), None, &["CDS".into()]);
+    let report = status.report(crate::sinks::now(), None);
+    let rollouts = rollouts.report(crate::sinks::now(), None, &["CDS".into()]);
     drop(stage.envoy.take());
     if let Some(b) = builtin {
         b.abort();

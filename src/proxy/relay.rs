@@ -26,7 +26,7 @@ use tokio::io::AsyncWrite;
 use tokio::sync::watch;
 
 use super::listen::Io;
-use super::observation::Observation;
+use super::reader::ConnectionReader;
 use super::{Direction, ProxyStats, Side};
 
 /// A direction's buffer while data keeps coming: the most one read takes.
@@ -98,7 +98,7 @@ impl Half {
         cx: &mut Context<'_>,
         src: &mut Io,
         dst: &mut Io,
-        observation: &mut Observation,
+        observation: &mut ConnectionReader,
         stats: &ProxyStats,
     ) -> Poll<Result<(), (Side, io::Error)>> {
         let (from, to) = match self.direction {
@@ -175,7 +175,7 @@ impl Half {
 pub(super) async fn relay(
     mut client: Io,
     mut upstream: Io,
-    observation: &mut Observation,
+    observation: &mut ConnectionReader,
     stats: &ProxyStats,
     mut stop: watch::Receiver<bool>,
 ) -> Ended {

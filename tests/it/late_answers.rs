@@ -19,8 +19,8 @@ use support::resources::{static_cluster, CDS, LDS};
 use support::scripted::{response, Scripted};
 use support::tap::XdsTap;
 use xdstap::correlate::{Event, Verdict};
-use xdstap::observe::board::{StatusReport, SyncState};
-use xdstap::observe::spans::{Protocol, SpanSettings};
+use xdstap::sinks::board::{StatusReport, SyncState};
+use xdstap::sinks::spans::{Protocol, SpanSettings};
 
 const REJECTED: &str = "ClusterValidationError.ConnectTimeout: value must be greater than 0s";
 
@@ -167,7 +167,7 @@ async fn report(admin: &str) -> StatusReport {
     xdstap::cli::status::fetch(admin, None).await.unwrap()
 }
 
-fn cds(r: &StatusReport) -> xdstap::observe::board::TypeStatus {
+fn cds(r: &StatusReport) -> xdstap::sinks::board::TypeStatus {
     r.nodes[0]
         .types
         .iter()
@@ -178,7 +178,7 @@ fn cds(r: &StatusReport) -> xdstap::observe::board::TypeStatus {
 
 /// CDS as `/status` shows it once it has caught up with `version` (the board is a sink of the
 /// same queue the test reads verdicts from).
-async fn cds_at(admin: &str, version: &str) -> xdstap::observe::board::TypeStatus {
+async fn cds_at(admin: &str, version: &str) -> xdstap::sinks::board::TypeStatus {
     for _ in 0..200 {
         let t = cds(&report(admin).await);
         if t.version_sent.as_deref() == Some(version) && t.pending_since.is_none() {

@@ -176,7 +176,7 @@ fn breaches(files: &[Source]) -> Vec<String> {
         let mut no = |what: &str, why: &str| out.push(format!("src/{}: {what}: {why}", f.path));
         match m.as_str() {
             "proxy" => {
-                for dep in ["grpc", "xds", "correlate", "tap", "observe"] {
+                for dep in ["grpc", "xds", "correlate", "tap", "sinks"] {
                     if used.contains(dep) {
                         no(
                             &format!("uses {dep}"),
@@ -192,8 +192,8 @@ fn breaches(files: &[Source]) -> Vec<String> {
                         "the core runs no tasks and reads no clock",
                     );
                 }
-                if used.contains("observe") {
-                    no("uses observe", "the core knows nothing of its sinks");
+                if used.contains("sinks") {
+                    no("uses sinks", "the core knows nothing of its sinks");
                 }
                 if m == "correlate" {
                     for dep in used
@@ -390,7 +390,7 @@ fn planted_violations_are_found() {
             "async fn f() { tokio::task::yield_now().await }\n",
         ),
         file("admin.rs", "fn f() { crate::tap::now(); }\n"),
-        file("observe/board.rs", "use crate::demo::story;\n"),
+        file("sinks/board.rs", "use crate::demo::story;\n"),
     ];
     let found = breaches(&planted);
     for (f, want) in planted.iter().zip([

@@ -14,7 +14,7 @@ use support::envoy::{Envoy, Xds};
 use support::resources::{Snapshot, CDS};
 use support::tap::{TapOptions, XdsTap};
 use xdstap::correlate::{Event, Verdict};
-use xdstap::observe::board::{StatusBoard, StatusSettings, SyncState};
+use xdstap::sinks::board::{StatusBoard, StatusSettings, SyncState};
 
 const RESTARTS: usize = 50;
 
@@ -115,7 +115,7 @@ async fn fifty_control_plane_restarts_under_three_envoys() {
     let last = format!("v{}", RESTARTS + 1);
     cp.set(Snapshot::standard(&last, 5000, 1000, 9));
     support::eventually(60, "every Envoy SYNCED on the last version", || {
-        let r = status.report(xdstap::observe::now(), None);
+        let r = status.report(xdstap::sinks::now(), None);
         let synced = r
             .nodes
             .iter()

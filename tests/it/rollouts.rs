@@ -16,7 +16,7 @@ use support::resources::{Snapshot, CDS};
 use support::tap::{TapOptions, XdsTap};
 use support::xdstap;
 use xdstap::correlate::Event;
-use xdstap::observe::rollout::{RolloutReport, RolloutStatus};
+use xdstap::sinks::rollout::{RolloutReport, RolloutStatus};
 
 /// The nodes the control plane pushed `type_url` version `version` to, split by how their
 /// answers went (by its own record): (acked, nacked with the message).

@@ -12,7 +12,7 @@ use support::envoy::{Envoy, Xds};
 use support::otlp::{Received, Receiver};
 use support::resources::{Snapshot, CDS};
 use support::tap::{TapOptions, XdsTap};
-use xdstap::observe::spans::{Protocol, SpanSettings, SpanStats};
+use xdstap::sinks::spans::{Protocol, SpanSettings, SpanStats};
 
 fn settings(endpoint: &str, protocol: Protocol) -> SpanSettings {
     SpanSettings {
@@ -68,8 +68,7 @@ async fn story(delta: bool, receiver: Receiver, protocol: Protocol) {
     let _server = cp.serve(listener);
     let stats = Arc::new(SpanStats::default());
     let (sink, _export) =
-        xdstap::observe::spans::start(settings(&receiver.endpoint, protocol), stats.clone())
-            .unwrap();
+        xdstap::sinks::spans::start(settings(&receiver.endpoint, protocol), stats.clone()).unwrap();
     let tap = XdsTap::with_sinks(TapOptions::new(&cp_addr), vec![Box::new(sink)]).await;
     let one = Envoy::start("node-1", Xds::Tcp(tap.tap.addr.clone()), delta).await;
     let two = Envoy::start("node-2", Xds::Tcp(tap.tap.addr.clone()), delta).await;
@@ -250,7 +249,7 @@ async fn a_dead_backend_costs_spans_not_forwarding() {
     let stats = Arc::new(SpanStats::default());
     let queue = 16;
     let batch = 8;
-    let (sink, export) = xdstap::observe::spans::start(
+    let (sink, export) = xdstap::sinks::spans::start(
         SpanSettings {
             queue,
             batch,
@@ -405,7 +404,7 @@ async fn a_secret_private_key_appears_in_no_output() {
 async fn shutdown_flushes_waiting_spans() {
     let receiver = Receiver::http().await;
     let stats = Arc::new(SpanStats::default());
-    let (sink, export) = xdstap::observe::spans::start(
+    let (sink, export) = xdstap::sinks::spans::start(
         SpanSettings {
             // Nothing would leave before shutdown on its own.
             interval: Duration::from_secs(3600),

@@ -13,7 +13,7 @@ use support::http_get as get;
 use support::resources::{Snapshot, CDS};
 use support::tap::XdsTap;
 use xdstap::config::Options;
-use xdstap::observe::board::{StatusReport, StatusSettings, SyncState};
+use xdstap::sinks::board::{StatusReport, StatusSettings, SyncState};
 
 /// The tap as `xdstap run` assembles it, its admin server on a loopback port.
 struct Monitored {

@@ -3,11 +3,11 @@
 use std::sync::Arc;
 
 use xdstap::config::Options;
-use xdstap::observe::{Recorder, TapStats};
 use xdstap::proxy::{
     ClientTls, Connector, Endpoint, Listener, NoObserver, Observe, Proxy, ProxyStats, ServerTls,
     Settings,
 };
+use xdstap::sinks::{Recorder, TapStats};
 
 pub struct Tap {
     pub addr: String,
@@ -109,7 +109,7 @@ impl XdsTap {
     /// A tap whose events also go to `sinks` (spans, ...).
     pub async fn with_sinks(
         options: TapOptions,
-        sinks: Vec<Box<dyn xdstap::observe::Sink>>,
+        sinks: Vec<Box<dyn xdstap::sinks::Sink>>,
     ) -> XdsTap {
         let mut config = Options::from_flags([
             "--listen",
@@ -133,7 +133,7 @@ impl XdsTap {
     /// A tap for `config` (listening where it says), its events also going to `sinks`.
     pub async fn with_config(
         config: xdstap::config::Config,
-        sinks: Vec<Box<dyn xdstap::observe::Sink>>,
+        sinks: Vec<Box<dyn xdstap::sinks::Sink>>,
     ) -> XdsTap {
         let recorder = Recorder::new(100_000);
         let listener = Listener::bind(&config.listen).await.unwrap();

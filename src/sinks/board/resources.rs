@@ -704,7 +704,7 @@ fn type_resources_held(url: &str, t: &TypeEntry, out: &mut Vec<ResourceStatus>) 
 impl StatusBoard {
     /// The resources of every node whose id `wanted` accepts, by node id.
     pub fn resources(&self, wanted: impl Fn(&str) -> bool) -> Vec<NodeResources> {
-        self.resources_at(crate::observe::now(), wanted)
+        self.resources_at(crate::sinks::now(), wanted)
     }
 
     /// The same, with TTLs judged at `now`.

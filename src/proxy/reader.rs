@@ -146,7 +146,7 @@ impl Streams {
 
 /// The observing side of one connection. Dropped with the relay; streams still open then are
 /// ended as cut by the tap.
-pub struct Observation {
+pub struct ConnectionReader {
     readers: [FrameReader; 2],
     hpack: [HeaderReader; 2],
     streams: Streams,
@@ -177,8 +177,8 @@ fn side(d: Direction) -> Side {
     }
 }
 
-impl Observation {
-    /// Observation of a new connection from `peer` to `upstream`: its streams' observers come
+impl ConnectionReader {
+    /// The reader of a new connection from `peer` to `upstream`: its streams' observers come
     /// from `observer`, their ids from `ids`; counted in `stats`.
     pub fn new(
         observer: Arc<dyn Observe>,
@@ -186,8 +186,8 @@ impl Observation {
         ids: Arc<AtomicU64>,
         peer: String,
         upstream: String,
-    ) -> Observation {
-        Observation {
+    ) -> ConnectionReader {
+        ConnectionReader {
             readers: [
                 FrameReader::new(true, MAX_HEADER_BLOCK),
                 FrameReader::new(false, MAX_HEADER_BLOCK),
@@ -257,7 +257,7 @@ impl Observation {
         if self.stopped.is_some() {
             return;
         }
-        let Observation {
+        let ConnectionReader {
             readers,
             hpack,
             streams,
@@ -373,7 +373,7 @@ fn on_frame(
     Ok(())
 }
 
-impl Drop for Observation {
+impl Drop for ConnectionReader {
     fn drop(&mut self) {
         self.end_all(&StreamEnd::Cut {
             message: "the tap stopped before the stream ended".into(),
@@ -394,8 +394,8 @@ mod tests {
         f
     }
 
-    fn observation() -> Observation {
-        Observation::new(
+    fn observation() -> ConnectionReader {
+        ConnectionReader::new(
             Arc::new(NoObserver),
             Arc::default(),
             Arc::new(AtomicU64::new(1)),

@@ -77,11 +77,30 @@ impl Admin {
 /// How long a readiness answer is reused.
 const READY_FOR: Duration = Duration::from_secs(1);
 
+/// `routes` with gRPC server reflection (v1, and v1alpha for older clients) describing the
+/// tap's API and CSDS.
+fn with_reflection(routes: tonic::service::Routes) -> tonic::service::Routes {
+    let builder = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(crate::api::DESCRIPTORS)
+    };
+    // The descriptors are compiled in and checked by the build: they always register.
+    match (builder().build_v1(), builder().build_v1alpha()) {
+        (Ok(v1), Ok(v1alpha)) => routes.add_service(v1).add_service(v1alpha),
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::warn!(error = %e, "gRPC reflection unavailable");
+            routes
+        }
+    }
+}
+
 /// Serves HTTP/1.1 and HTTP/2 on `listener` until the task is dropped or aborted.
 pub async fn serve(listener: Listener, admin: Arc<Admin>) {
-    let grpc = tonic::service::Routes::new(TapServer::new(api::TapApi(admin.clone()))).add_service(
-        ClientStatusDiscoveryServiceServer::new(csds::Csds(admin.clone())),
-    );
+    let grpc = tonic::service::Routes::new(TapServer::new(api::TapApi(admin.clone())))
+        .add_service(ClientStatusDiscoveryServiceServer::new(csds::Csds(
+            admin.clone(),
+        )));
+    let grpc = with_reflection(grpc);
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let mut failures = crate::proxy::Throttled::new("Accept failed; backing off");
     loop {

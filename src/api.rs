@@ -4,6 +4,10 @@
 
 mod convert;
 
+/// Every message and service of `proto/`, as an encoded `FileDescriptorSet`: what gRPC server
+/// reflection serves, so `grpcurl` lists and calls the API without the protos at hand.
+pub const DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptors.bin"));
+
 /// `xdstap.v1`: status, rollouts and watch.
 #[allow(clippy::all, missing_docs)]
 pub mod tap {

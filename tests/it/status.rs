@@ -566,6 +566,86 @@ async fn network_strings_cannot_forge_terminal_lines() {
     assert_eq!(v["nodes"][0]["id"], node);
 }
 
+/// The admin address serves gRPC server reflection (v1 and v1alpha), so grpcurl lists and calls
+/// the tap's API and CSDS without the protos: the services are listed, and the file that
+/// defines `xdstap.v1.Tap` comes back with its messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_is_listed_over_server_reflection() {
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient as Alpha;
+    let m = monitored("127.0.0.1:9", StatusSettings::default()).await;
+    let channel = (tonic::transport::Channel::from_shared(format!("http://{}", m.admin)))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = ServerReflectionClient::new(channel.clone());
+    let ask = |request: MessageRequest| {
+        tokio_stream::iter([ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(request),
+        }])
+    };
+    let mut answers = (client
+        .server_reflection_info(ask(MessageRequest::ListServices(String::new())))
+        .await)
+        .unwrap()
+        .into_inner();
+    let listed = match answers.message().await.unwrap().unwrap().message_response {
+        Some(MessageResponse::ListServicesResponse(l)) => l.service,
+        other => panic!("{other:?}"),
+    };
+    let mut names: Vec<String> = listed.into_iter().map(|s| s.name).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "envoy.service.status.v3.ClientStatusDiscoveryService",
+            "grpc.reflection.v1.ServerReflection",
+            "xdstap.v1.Tap"
+        ]
+    );
+    let symbol = MessageRequest::FileContainingSymbol("xdstap.v1.Tap".into());
+    let mut answers = (client.server_reflection_info(ask(symbol)).await)
+        .unwrap()
+        .into_inner();
+    let files = match answers.message().await.unwrap().unwrap().message_response {
+        Some(MessageResponse::FileDescriptorResponse(f)) => f.file_descriptor_proto,
+        other => panic!("{other:?}"),
+    };
+    let text = String::from_utf8_lossy(&files.concat()).into_owned();
+    for name in [
+        "xdstap/v1/tap.proto",
+        "StatusReport",
+        "RolloutReport",
+        "WatchEvent",
+    ] {
+        assert!(text.contains(name), "{name} not described");
+    }
+    // Older clients (grpcurl before v1) ask v1alpha.
+    let mut alpha = Alpha::new(channel);
+    let request = tonic_reflection::pb::v1alpha::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(
+            tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest::ListServices(
+                String::new(),
+            ),
+        ),
+    };
+    let mut answers = (alpha
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await)
+        .unwrap()
+        .into_inner();
+    assert!(
+        answers.message().await.unwrap().is_some(),
+        "v1alpha answers"
+    );
+}
+
 /// Watch filters are bounded: a node glob past 256 characters (a 2 MB one among them; gRPC
 /// refuses 4 MB itself) is refused naming the field, over the API and from `xdstap watch`; at most 64 watchers watch at
 /// once, the next is told so, and a seat frees when a watch ends.

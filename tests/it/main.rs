@@ -12,6 +12,7 @@ mod correlation;
 mod csds;
 mod decode;
 mod envoy_forward;
+mod failover;
 mod faults;
 mod late_answers;
 mod layout;

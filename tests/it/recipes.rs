@@ -65,9 +65,10 @@ fn config_maps(manifest: &Path) -> Vec<(String, String, String)> {
 }
 
 #[test]
-fn plain_and_unix_socket_envoy_bootstraps_are_valid() {
+fn plain_unix_socket_and_failover_envoy_bootstraps_are_valid() {
     envoy_validates(&recipe("envoy-bootstrap.yaml"));
     envoy_validates(&recipe("envoy-bootstrap-unix.yaml"));
+    envoy_validates(&recipe("envoy-bootstrap-failover.yaml"));
     xdstap_accepts(&recipe("xdstap.yaml"));
 }
 

@@ -86,8 +86,13 @@ impl Envoy {
             delta,
             static_resources: extra,
         };
-        let process = xdstap::demo::envoy::Envoy::start(&binary(), &bootstrap.to_yaml(), "info")
-            .expect("start envoy");
+        Envoy::start_yaml(node, &bootstrap.to_yaml()).await
+    }
+
+    /// An Envoy run with `yaml` as its bootstrap (its node id `node`).
+    pub async fn start_yaml(node: &str, yaml: &str) -> Envoy {
+        let process =
+            xdstap::demo::envoy::Envoy::start(&binary(), yaml, "info").expect("start envoy");
         let admin = super::eventually(30, "envoy admin address", || process.admin_address()).await;
         Envoy {
             process,

@@ -72,6 +72,60 @@ fn plain_unix_socket_and_failover_envoy_bootstraps_are_valid() {
     xdstap_accepts(&recipe("xdstap.yaml"));
 }
 
+/// Every manifest under `config/` (a YAML file with a `kind:`), and whether Kubernetes' own
+/// schemas accept it: `kubernetes-validate --strict` as `scripts/install-k8s-validate` installs it.
+fn kubernetes_accepts(manifest: &Path) -> Result<(), String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("python3")
+        .env("PYTHONPATH", root.join(".kv"))
+        .args(["-m", "kubernetes_validate", "--strict", "--quiet"])
+        .args(["--kubernetes-version", "1.33"])
+        .arg(manifest)
+        .output()
+        .expect("run kubernetes-validate (scripts/install-k8s-validate installs it)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    match out.status.success() {
+        true => Ok(()),
+        false => Err(text),
+    }
+}
+
+#[test]
+fn every_kubernetes_manifest_passes_the_kubernetes_schemas() {
+    let mut manifests = Vec::new();
+    for dir in ["kubernetes", "istio"] {
+        for entry in std::fs::read_dir(recipe(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "yaml") {
+                manifests.push(path);
+            }
+        }
+    }
+    manifests.sort();
+    assert!(manifests.len() >= 2, "{manifests:?}");
+    for m in &manifests {
+        if let Err(why) = kubernetes_accepts(m) {
+            panic!("{} fails the Kubernetes schemas:\n{why}", m.display());
+        }
+    }
+    // The validator rejects what Kubernetes would: a field a Deployment has not, a wrong type.
+    let dir = support::TempDir::new("k8s");
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(
+        &bad,
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: { name: x }\nspec:\n  replicas: two\n  \
+         selector: { matchLabels: { app: x } }\n  template:\n    metadata: { labels: { app: x } }\n    \
+         spec: { containers: [ { name: x, image: x, readinessProbes: {} } ] }\n",
+    )
+    .unwrap();
+    let why = kubernetes_accepts(&bad).expect_err("a bad Deployment accepted");
+    assert!(why.contains("replicas") || why.contains("two"), "{why}");
+}
+
 #[test]
 fn the_kubernetes_and_istio_manifests_carry_valid_configs() {
     let dir = support::TempDir::new("recipes");

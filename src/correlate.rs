@@ -155,15 +155,46 @@ pub enum Verdict {
     },
 }
 
+/// Which of the four a [`Verdict`] is, without what it carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VerdictKind {
+    /// [`Verdict::Ack`].
+    Ack,
+    /// [`Verdict::Nack`].
+    Nack,
+    /// [`Verdict::Superseded`].
+    Superseded,
+    /// [`Verdict::Unanswered`].
+    Unanswered,
+}
+
+impl VerdictKind {
+    /// `ack`, `nack`, `superseded`, `unanswered`: the one spelling logs, spans and JSON use.
+    pub fn name(self) -> &'static str {
+        match self {
+            VerdictKind::Ack => "ack",
+            VerdictKind::Nack => "nack",
+            VerdictKind::Superseded => "superseded",
+            VerdictKind::Unanswered => "unanswered",
+        }
+    }
+}
+
 impl Verdict {
+    /// Which verdict this is.
+    pub fn kind(&self) -> VerdictKind {
+        match self {
+            Verdict::Ack => VerdictKind::Ack,
+            Verdict::Nack { .. } => VerdictKind::Nack,
+            Verdict::Superseded { .. } => VerdictKind::Superseded,
+            Verdict::Unanswered { .. } => VerdictKind::Unanswered,
+        }
+    }
+
     /// `ack`, `nack`, `superseded`, `unanswered`.
     pub fn name(&self) -> &'static str {
-        match self {
-            Verdict::Ack => "ack",
-            Verdict::Nack { .. } => "nack",
-            Verdict::Superseded { .. } => "superseded",
-            Verdict::Unanswered { .. } => "unanswered",
-        }
+        self.kind().name()
     }
 }
 

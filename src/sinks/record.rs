@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::correlate::{Event, Timestamp, Verdict};
+use crate::correlate::{Event, Timestamp, Verdict, VerdictKind};
 use crate::xds::short_type;
 
 /// How many resource names a record lists (the count is always exact).
@@ -15,7 +15,7 @@ pub struct VerdictRecord {
     /// When the verdict was reached, RFC 3339 UTC.
     pub time: String,
     /// `ack`, `nack`, `superseded`, `unanswered`.
-    pub verdict: &'static str,
+    pub verdict: VerdictKind,
     /// `node.id`.
     pub node: String,
     /// `node.cluster`.
@@ -113,7 +113,7 @@ impl VerdictRecord {
         let node = at.node.as_deref().cloned().unwrap_or_default();
         let mut r = VerdictRecord {
             time: rfc3339(*decided_at),
-            verdict: verdict.name(),
+            verdict: verdict.kind(),
             node: node.id,
             node_cluster: node.cluster,
             user_agent: node.user_agent,

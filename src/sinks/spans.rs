@@ -28,7 +28,7 @@ use xxhash_rust::xxh3::{xxh3_128, xxh3_64};
 
 use super::record::{VerdictRecord, NAMES_CAP};
 use super::Sink;
-use crate::correlate::{Event, Timestamp};
+use crate::correlate::{Event, Timestamp, VerdictKind};
 
 /// OTLP transport.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -457,7 +457,7 @@ impl SpanSink {
             events.events.extend(changes);
         }
         events.events.push(SpanEvent::new(
-            format!("xds.{}", r.verdict),
+            format!("xds.{}", r.verdict.name()),
             time(*decided_at),
             answer,
             0,
@@ -546,7 +546,7 @@ fn describe(r: &VerdictRecord) -> (Vec<KeyValue>, Vec<KeyValue>, Status) {
         KeyValue::new("xds.resource_count", r.resources as i64),
         KeyValue::new("xds.resource_names", strings(&r.resource_names)),
         KeyValue::new("xds.bytes", r.bytes as i64),
-        KeyValue::new("xds.verdict", r.verdict),
+        KeyValue::new("xds.verdict", r.verdict.name()),
         KeyValue::new("xds.node.id", r.node.clone()),
         KeyValue::new("xds.node.cluster", r.node_cluster.clone()),
         KeyValue::new("xds.node.user_agent", r.user_agent.clone()),
@@ -555,7 +555,7 @@ fn describe(r: &VerdictRecord) -> (Vec<KeyValue>, Vec<KeyValue>, Status) {
         KeyValue::new("server.address", r.upstream.clone()),
         KeyValue::new("xds.latency_ms", r.latency_ms),
     ];
-    let mut answer = vec![KeyValue::new("xds.verdict", r.verdict)];
+    let mut answer = vec![KeyValue::new("xds.verdict", r.verdict.name())];
     // On the span only, then on both the span and its answer event.
     let span_only = [
         (
@@ -618,7 +618,7 @@ fn describe(r: &VerdictRecord) -> (Vec<KeyValue>, Vec<KeyValue>, Status) {
         (Some(message), _) => Status::Error {
             description: Cow::Owned(message.clone()),
         },
-        (None, "ack") => Status::Ok,
+        (None, VerdictKind::Ack) => Status::Ok,
         _ => Status::Unset,
     };
     (attributes, answer, status)

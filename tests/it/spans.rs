@@ -556,3 +556,54 @@ async fn pgp_and_openssh_keys_in_a_nack_appear_in_no_output() {
         );
     }
 }
+
+/// A tap tier answers as one trace: two taps with the same `--control-plane-id`, each in front
+/// of the same control plane with a real Envoy behind it, export to one OTLP receiver, and a
+/// version's pushes through either tap are spans of one trace; a tap with another control-plane
+/// id puts the same version in a trace of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_taps_with_one_control_plane_id_give_one_trace_per_version() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cp_addr = listener.local_addr().unwrap().to_string();
+    let cp = ControlPlane::new(Snapshot::standard("v1", 1000, 1000, 9));
+    let _server = cp.serve(listener);
+    let receiver = Receiver::grpc().await;
+    let mut taps = Vec::new();
+    let mut envoys = Vec::new();
+    for (node, id) in [
+        ("tier-1", "istiod-a"),
+        ("tier-2", "istiod-a"),
+        ("other", "istiod-b"),
+    ] {
+        let settings = SpanSettings {
+            control_plane_id: id.into(),
+            ..settings(&receiver.endpoint, Protocol::Grpc)
+        };
+        let (sink, export) =
+            xdstap::sinks::spans::start(settings, Arc::new(SpanStats::default())).unwrap();
+        let tap = XdsTap::with_sinks(TapOptions::new(&cp_addr), vec![Box::new(sink)]).await;
+        envoys.push(Envoy::start(node, Xds::Tcp(tap.tap.addr.clone()), false).await);
+        taps.push((tap, export));
+    }
+    let trace = |node: &'static str| {
+        let receiver = &receiver;
+        async move {
+            let s = wait_span(receiver, &format!("{node} CDS v1 ack"), |s| {
+                is(s, node, "CDS", "v1", "ack")
+            })
+            .await;
+            s[0].trace_id()
+        }
+    };
+    let (one, two, other) = (
+        trace("tier-1").await,
+        trace("tier-2").await,
+        trace("other").await,
+    );
+    assert_eq!(one, two, "one version, two taps of one tier: one trace");
+    assert_ne!(
+        one, other,
+        "another control plane's version 1 is another trace"
+    );
+    drop(envoys);
+}

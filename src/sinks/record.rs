@@ -84,7 +84,9 @@ pub struct VerdictRecord {
     pub end_message: Option<String>,
     /// Process-unique stream id.
     pub stream: u64,
-    /// gRPC method path.
+    /// The gRPC service (`envoy.service.discovery.v3.AggregatedDiscoveryService`).
+    pub service: String,
+    /// The gRPC method (`StreamAggregatedResources`).
     pub method: String,
     /// Client address.
     pub downstream: String,
@@ -146,7 +148,8 @@ impl VerdictRecord {
             grpc_status: None,
             end_message: None,
             stream: at.stream.stream_id,
-            method: format!("/{}/{}", at.stream.service, at.stream.method),
+            service: at.stream.service.clone(),
+            method: at.stream.method.clone(),
             downstream: at.stream.downstream.clone(),
             upstream: at.stream.upstream.clone(),
             control_plane: push.control_plane.clone(),

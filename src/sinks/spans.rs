@@ -528,16 +528,10 @@ fn scope(r: &VerdictRecord) -> [(&'static str, Option<Value>); 3] {
 /// A verdict's span attributes, the attributes of its answer event, and its status (OK for an
 /// ACK, ERROR with the client's message for a NACK).
 fn describe(r: &VerdictRecord) -> (Vec<KeyValue>, Vec<KeyValue>, Status) {
-    let (service, method) = r
-        .method
-        .trim_start_matches('/')
-        .split_once('/')
-        .map(|(s, m)| (s.to_string(), m.to_string()))
-        .unwrap_or_default();
     let mut attributes = vec![
         KeyValue::new("rpc.system", "grpc"),
-        KeyValue::new("rpc.service", service),
-        KeyValue::new("rpc.method", method),
+        KeyValue::new("rpc.service", r.service.clone()),
+        KeyValue::new("rpc.method", r.method.clone()),
         KeyValue::new("xds.type_url", r.type_url.clone()),
         KeyValue::new("xds.type", r.short_type.clone()),
         KeyValue::new("xds.api", r.api),

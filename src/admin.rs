@@ -47,20 +47,21 @@ pub struct Admin {
     pub upstream: Endpoint,
     /// How the tap dials it (TLS included), for `/readyz`.
     pub connector: crate::proxy::Connector,
-    /// The last readiness check and when it ran: `/readyz` dials at most once a second.
-    pub ready: std::sync::Mutex<Option<(std::time::Instant, Result<(), String>)>>,
+    /// The last readiness check and when it ran: `/readyz` dials at most once a second, and
+    /// probes that come while it dials wait for that dial's answer.
+    pub ready: tokio::sync::Mutex<Option<(std::time::Instant, Result<(), String>)>>,
 }
 
 impl Admin {
     /// Whether the control plane answers HTTP/2, as of at most a second ago. A change is logged
     /// once, naming the likely cause.
     async fn ready(&self) -> Result<(), String> {
-        let lock = || self.ready.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, r)) = lock().as_ref().filter(|(at, _)| at.elapsed() < READY_FOR) {
+        // Held across the dial: one dial at a time, whatever the number of probes.
+        let mut last = self.ready.lock().await;
+        if let Some((_, r)) = last.as_ref().filter(|(at, _)| at.elapsed() < READY_FOR) {
             return r.clone();
         }
         let now = upstream_answers(&self.connector).await;
-        let mut last = lock();
         let changed = last.as_ref().is_none_or(|(_, r)| r.is_ok() != now.is_ok());
         match (&now, changed) {
             (Err(e), true) => tracing::warn!(upstream = %self.upstream, "Not ready: {e}"),

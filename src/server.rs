@@ -178,7 +178,7 @@ impl Server {
                 registry,
                 upstream: config.upstream.clone(),
                 connector: checker,
-                ready: std::sync::Mutex::new(None),
+                ready: tokio::sync::Mutex::new(None),
             });
             (address, tokio::spawn(crate::admin::serve(l, admin)))
         });

@@ -85,6 +85,20 @@ async fn through_tap(admin: &str) -> Option<String> {
     cds["version_accepted"].as_str().map(String::from)
 }
 
+/// Cluster `a`'s connect timeout as Envoy runs it, from its own config_dump (each version of the
+/// test's snapshot gives `a` its own: v2 2s, v3 3s).
+async fn a_timeout(envoy: &Envoy) -> Option<String> {
+    let dump = envoy.config_dump().await;
+    let clusters = (dump["configs"].as_array()?.iter()).find(|c| {
+        c["@type"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("ClustersConfigDump"))
+    })?;
+    let a = (clusters["dynamic_active_clusters"].as_array()?.iter())
+        .find(|d| d["cluster"]["name"] == "a")?;
+    a["cluster"]["connect_timeout"].as_str().map(String::from)
+}
+
 /// Whether the control plane heard Envoy accept CDS `version` (on any stream).
 fn acked(cp: &ControlPlane, version: &str) -> bool {
     (cp.sent().iter())
@@ -143,6 +157,8 @@ async fn envoy_fails_over_only_from_a_tap_it_never_reached_and_the_tap_shows_a_g
         within(5, async || acked(&cp, "v3")).await.is_none(),
         "v3 reached Envoy while the tap was down (a failover Envoy 1.40 did not make before)"
     );
+    // Envoy's own view agrees: it still runs v2's cluster a.
+    assert_eq!(a_timeout(&envoy).await.as_deref(), Some("2s"));
 
     // The tap comes back on its address; Envoy's stream returns through it and v3 lands.
     let sent_before = cp.sent().len();
@@ -157,6 +173,11 @@ async fn envoy_fails_over_only_from_a_tap_it_never_reached_and_the_tap_shows_a_g
         envoy.log()
     );
     assert!(acked(&cp, "v3"), "the control plane has no ACK of v3");
+    let runs_v3 = within(5, async || a_timeout(&envoy).await.as_deref() == Some("3s")).await;
+    assert!(
+        runs_v3.is_some(),
+        "Envoy's config_dump does not show v3's cluster a"
+    );
     // The restarted tap knows only what it saw: v3 pushed again on the new stream, nothing of v2.
     let (_, body) = support::http_get(&admin, "/rollouts").await;
     let rollouts: serde_json::Value = serde_json::from_str(&body).unwrap();

@@ -1,6 +1,29 @@
 //! Generates the gRPC code of `proto/` (the tap's own API, and the CSDS subset it serves) with
 //! prost and tonic, compiling the protos with protox: no system `protoc` is needed; and their
-//! encoded descriptors, which the admin server's reflection service serves.
+//! encoded descriptors, which the admin server's reflection service serves. The tap's messages
+//! also derive serde: they are the JSON of `/status` and `/rollouts` and of the CLI's `-o json`,
+//! so the proto is the one schema. Enum fields (kept as `i32` by prost) read and write their
+//! value names.
+
+/// The tap's enum fields, and the serde module (in `src/api.rs`) that names their values.
+const ENUM_FIELDS: [(&str, &str); 4] = [
+    (
+        ".xdstap.v1.NodeStatus.state",
+        "crate::api::names::sync_state",
+    ),
+    (
+        ".xdstap.v1.TypeStatus.state",
+        "crate::api::names::sync_state",
+    ),
+    (
+        ".xdstap.v1.ResourceStatus.config",
+        "crate::api::names::config",
+    ),
+    (
+        ".xdstap.v1.ResourceStatus.client",
+        "crate::api::names::client",
+    ),
+];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = [
@@ -17,6 +40,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out.join("descriptors.bin"),
         prost::Message::encode_to_vec(&fds),
     )?;
-    tonic_prost_build::configure().compile_fds(fds)?;
+    let mut config = tonic_prost_build::configure().message_attribute(
+        ".xdstap.v1",
+        "#[derive(serde::Serialize, serde::Deserialize)] #[serde(default)]",
+    );
+    for (field, with) in ENUM_FIELDS {
+        config = config.field_attribute(field, format!("#[serde(with = \"{with}\")]"));
+    }
+    config.compile_fds(fds)?;
     Ok(())
 }

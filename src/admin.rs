@@ -193,14 +193,7 @@ async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> 
     match req.uri().path() {
         "/status" => {
             let node = node_param(req.uri().query());
-            let mut report = admin.status.report(crate::sinks::now(), node.as_deref());
-            if let (Some(id), [one]) = (&node, &mut report.nodes[..]) {
-                let mut of = admin.status.resources(|n| n == id);
-                one.resources = (of.pop().into_iter())
-                    .flat_map(|n| n.resources)
-                    .map(Into::into)
-                    .collect();
-            }
+            let report = admin.status.report(crate::sinks::now(), node.as_deref());
             if node.is_some() && report.nodes.is_empty() {
                 return reply(
                     StatusCode::NOT_FOUND,

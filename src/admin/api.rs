@@ -34,7 +34,7 @@ impl tap_server::Tap for TapApi {
         if only.is_some() && report.nodes.is_empty() {
             return Err(Status::not_found(format!("no node {node:?}")));
         }
-        Ok(Response::new(report.into()))
+        Ok(Response::new(report))
     }
 
     async fn rollouts(
@@ -44,7 +44,7 @@ impl tap_server::Tap for TapApi {
         let r = request.into_inner();
         let version = (!r.version.is_empty()).then_some(r.version.as_str());
         let report = (self.0.rollouts).report(crate::sinks::now(), version, &r.types);
-        Ok(Response::new(report.into()))
+        Ok(Response::new(report))
     }
 
     type WatchStream = Pin<Box<dyn Stream<Item = Result<tap::WatchEvent, Status>> + Send>>;

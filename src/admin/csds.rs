@@ -106,6 +106,7 @@ fn client_config(n: NodeResources) -> csds::ClientConfig {
                 ConfigStatus::NotSent => csds::ConfigStatus::NotSent,
                 ConfigStatus::Stale => csds::ConfigStatus::Stale,
                 ConfigStatus::Error => csds::ConfigStatus::Error,
+                ConfigStatus::Unspecified => csds::ConfigStatus::Unknown,
             } as i32,
             client_status: match r.client {
                 ClientStatus::Acked | ClientStatus::Warming => csds::ClientResourceStatus::Acked,
@@ -115,7 +116,9 @@ fn client_config(n: NodeResources) -> csds::ClientConfig {
                 ClientStatus::DoesNotExist | ClientStatus::Expired => {
                     csds::ClientResourceStatus::DoesNotExist
                 }
-                ClientStatus::Unknown => csds::ClientResourceStatus::Unknown,
+                ClientStatus::Unknown | ClientStatus::Unspecified => {
+                    csds::ClientResourceStatus::Unknown
+                }
             } as i32,
             error_state: r
                 .error

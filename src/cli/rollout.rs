@@ -8,8 +8,7 @@ use std::process::ExitCode;
 use super::client::{block_on, AskError, AdminClient};
 use super::status::{age, landed, one_line};
 use super::{table, RolloutArgs};
-use crate::api::tap::RolloutsRequest;
-use crate::sinks::rollout::{RolloutReport, RolloutStatus};
+use crate::api::tap::{Rollout, RolloutReport, RolloutsRequest};
 
 /// `xdstap rollout`.
 pub fn run(args: &RolloutArgs) -> ExitCode {
@@ -121,7 +120,7 @@ pub async fn fetch(
         types: types.to_vec(),
     };
     match tap.client.rollouts(request).await {
-        Ok(r) => Ok(r.into_inner().into()),
+        Ok(r) => Ok(r.into_inner()),
         Err(e) => Err(tap.failed(e)),
     }
 }
@@ -154,7 +153,7 @@ pub fn render(report: &RolloutReport, wide: bool) -> String {
     let mut rows = vec![header.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
     for r in &report.rollouts {
         rows.push(vec![
-            r.short_type.clone(),
+            r.r#type.clone(),
             r.version.clone(),
             r.pushed.to_string(),
             r.acked.to_string(),
@@ -162,9 +161,9 @@ pub fn render(report: &RolloutReport, wide: bool) -> String {
             r.pending.to_string(),
             r.superseded.to_string(),
             r.unanswered.to_string(),
-            ms(r.latency_ms.p50),
-            ms(r.latency_ms.p90),
-            ms(r.latency_ms.max),
+            ms(r.latency_p50_ms),
+            ms(r.latency_p90_ms),
+            ms(r.latency_max_ms),
             r.first_push.clone(),
         ]);
     }
@@ -179,9 +178,9 @@ pub fn render(report: &RolloutReport, wide: bool) -> String {
 }
 
 /// Who rejected a version and why, and who does not run it.
-pub fn details(r: &RolloutStatus, wide: bool) -> String {
+pub fn details(r: &Rollout, wide: bool) -> String {
     let mut out = String::new();
-    let name = format!("{} {}", r.short_type, r.version);
+    let name = format!("{} {}", r.r#type, r.version);
     for g in &r.nacks {
         let more = g.nodes.saturating_sub(g.examples.len() as u64);
         let more = if more > 0 {

@@ -7,8 +7,7 @@ use std::process::ExitCode;
 
 use super::client::{block_on, AskError, AdminClient};
 use super::{table, StatusArgs};
-use crate::api::tap::StatusRequest;
-use crate::sinks::board::{worst, NodeStatus, StatusReport, SyncState, TypeStatus};
+use crate::api::tap::{NodeStatus, StatusReport, StatusRequest, SyncState, TypeStatus};
 
 /// `xdstap status`: fetch, print, and say by the exit status whether anything needs attention.
 pub fn run(args: &StatusArgs) -> ExitCode {
@@ -136,7 +135,7 @@ pub async fn fetch(admin: &str, node: Option<&str>) -> Result<StatusReport, AskE
         node: node.unwrap_or("").to_string(),
     };
     match tap.client.status(request).await {
-        Ok(r) => Ok(r.into_inner().into()),
+        Ok(r) => Ok(r.into_inner()),
         Err(e) => Err(tap.failed(e)),
     }
 }
@@ -161,11 +160,11 @@ fn cell(t: Option<&TypeStatus>, wide: bool) -> String {
         return "IGNORED".into();
     };
     let partial = t.nack.as_ref().is_some_and(|n| n.scope == "partial");
-    let mut label = match t.state {
+    let mut label = match t.state() {
         SyncState::Nacked if partial => "PARTIAL".to_string(),
         s => s.label().to_string(),
     };
-    if t.state != SyncState::Synced && t.state_since.is_some() {
+    if t.state() != SyncState::Synced && t.state_since.is_some() {
         label = format!("{label} {}", age(t.state_seconds));
     }
     if !t.subscribed {
@@ -175,7 +174,7 @@ fn cell(t: Option<&TypeStatus>, wide: bool) -> String {
         return label;
     }
     let accepted = t.version_accepted.as_deref().unwrap_or("-");
-    match (t.state, t.version_sent.as_deref()) {
+    match (t.state(), t.version_sent.as_deref()) {
         (SyncState::Synced, _) => format!("{label} {accepted}"),
         (_, Some(sent)) => format!("{label} {sent} (on {accepted})"),
         (_, None) => label,
@@ -186,14 +185,14 @@ fn others(n: &NodeStatus, wide: bool) -> String {
     let rest: Vec<&TypeStatus> = n
         .types
         .iter()
-        .filter(|t| !COLUMNS.contains(&t.short_type.as_str()))
+        .filter(|t| !COLUMNS.contains(&t.r#type.as_str()))
         .collect();
     if rest.is_empty() {
         return "-".into();
     }
-    let state = worst(rest.iter().map(|t| t.state));
+    let state = SyncState::worst(rest.iter().map(|t| t.state()));
     if wide {
-        let names: Vec<&str> = rest.iter().map(|t| t.short_type.as_str()).collect();
+        let names: Vec<&str> = rest.iter().map(|t| t.r#type.as_str()).collect();
         format!("{} ({})", state.label(), names.join(","))
     } else {
         format!("{} ({})", state.label(), rest.len())
@@ -243,7 +242,7 @@ pub fn render(report: &StatusReport, wide: bool) -> String {
     for n in &report.nodes {
         let mut row = vec![n.id.clone(), n.cluster.clone()];
         for c in COLUMNS {
-            row.push(cell(n.types.iter().find(|t| t.short_type == c), wide));
+            row.push(cell(n.types.iter().find(|t| t.r#type == c), wide));
         }
         row.push(others(n, wide));
         row.push(if n.connected {
@@ -280,7 +279,7 @@ fn reasons(report: &StatusReport, wide: bool) -> Vec<String> {
     let mut reasons = Vec::new();
     for n in &report.nodes {
         for t in &n.types {
-            match t.state {
+            match t.state() {
                 SyncState::Nacked => {
                     let Some(nack) = &t.nack else { continue };
                     let suspects = if nack.suspects.is_empty() || nack.scope == "partial" {
@@ -299,7 +298,7 @@ fn reasons(report: &StatusReport, wide: bool) -> Vec<String> {
                     reasons.push(format!(
                         "{} {} NACKED since {}: {what}: {}{}",
                         n.id,
-                        t.short_type,
+                        t.r#type,
                         nack.since,
                         one_line(&nack.message, wide),
                         suspects
@@ -308,12 +307,12 @@ fn reasons(report: &StatusReport, wide: bool) -> Vec<String> {
                 SyncState::Stale if t.pushes == 0 => reasons.push(format!(
                     "{} {} STALE: asked for, never pushed: the control plane has not answered \
                      (threshold {}s)",
-                    n.id, t.short_type, report.stale_after_seconds
+                    n.id, t.r#type, report.stale_after_seconds
                 )),
                 SyncState::Stale => reasons.push(format!(
                     "{} {} STALE: push {} (nonce {}) unanswered since {} (threshold {}s)",
                     n.id,
-                    t.short_type,
+                    t.r#type,
                     t.version_sent.as_deref().unwrap_or("?"),
                     t.nonce.as_deref().unwrap_or("?"),
                     t.pending_since.as_deref().unwrap_or("?"),
@@ -326,7 +325,7 @@ fn reasons(report: &StatusReport, wide: bool) -> Vec<String> {
                     "{} {}: push {} unanswered since {}: the client waits for the endpoints \
                      (EDS) of {}",
                     n.id,
-                    t.short_type,
+                    t.r#type,
                     t.version_sent.as_deref().unwrap_or("?"),
                     t.pending_since.as_deref().unwrap_or("?"),
                     t.waiting_for.join(", ")
@@ -336,7 +335,7 @@ fn reasons(report: &StatusReport, wide: bool) -> Vec<String> {
                 reasons.push(format!(
                     "{} {}: the control plane reports an error for {} since {} (code {}): {}",
                     n.id,
-                    t.short_type,
+                    t.r#type,
                     e.name,
                     e.since,
                     e.code,
@@ -347,14 +346,14 @@ fn reasons(report: &StatusReport, wide: bool) -> Vec<String> {
                 reasons.push(format!(
                     "{} {}: the control plane pushed content the client had rejected again, {} \
                      time(s) (a resend loop: it ignores the NACK)",
-                    n.id, t.short_type, t.rejected_resends
+                    n.id, t.r#type, t.rejected_resends
                 ));
             }
             if t.nonce_reuses > 0 {
                 reasons.push(format!(
                     "{} {}: the control plane reused a nonce {} time(s); answers were paired with \
                      pushes in order",
-                    n.id, t.short_type, t.nonce_reuses
+                    n.id, t.r#type, t.nonce_reuses
                 ));
             }
         }
@@ -367,7 +366,7 @@ pub fn has_problems(report: &StatusReport) -> bool {
     report
         .nodes
         .iter()
-        .any(|n| n.types.iter().any(|t| t.state.is_problem()))
+        .any(|n| n.types.iter().any(|t| t.state().is_problem()))
 }
 
 #[cfg(test)]

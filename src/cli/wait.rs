@@ -17,8 +17,7 @@ use std::time::{Duration, Instant};
 use super::client::{block_on, AdminClient};
 use super::rollout::details;
 use super::WaitArgs;
-use crate::api::tap::RolloutsRequest;
-use crate::sinks::rollout::{RolloutReport, RolloutStatus};
+use crate::api::tap::{Rollout, RolloutReport, RolloutsRequest};
 
 /// How often the tap is asked.
 const POLL: Duration = Duration::from_millis(100);
@@ -35,11 +34,11 @@ pub enum Outcome {
 }
 
 /// The verdict on the rollouts of one version (one per type), `settle` past their last push.
-pub fn outcome(rollouts: &[RolloutStatus], settle: Duration) -> Outcome {
+pub fn outcome(rollouts: &[Rollout], settle: Duration) -> Outcome {
     if rollouts.iter().any(|r| r.nacked > 0) {
         return Outcome::Rejected;
     }
-    let settled = |r: &RolloutStatus| {
+    let settled = |r: &Rollout| {
         r.pending == 0 && r.unanswered == 0 && r.since_last_push_seconds >= settle.as_secs_f64()
     };
     match !rollouts.is_empty() && rollouts.iter().all(settled) {
@@ -69,7 +68,7 @@ async fn wait(args: &WaitArgs) -> ExitCode {
     };
     loop {
         let report: RolloutReport = match tap.client.rollouts(request.clone()).await {
-            Ok(r) => r.into_inner().into(),
+            Ok(r) => r.into_inner(),
             Err(e) => return tap.failed(e).exit("wait"),
         };
         let report = super::printable_copy(&report);
@@ -119,7 +118,7 @@ fn humantime(d: Duration) -> String {
 }
 
 /// One line per type: `CDS v2: 3 of 3 nodes acked (p50 12ms, max 40ms)`.
-pub fn summary(r: &RolloutStatus) -> String {
+pub fn summary(r: &Rollout) -> String {
     let mut parts = vec![format!("{} acked", r.acked)];
     for (n, what) in [
         (r.nacked, "nacked"),
@@ -133,13 +132,13 @@ pub fn summary(r: &RolloutStatus) -> String {
     }
     format!(
         "{} {}: {} node{} pushed it: {} (push to answer p50 {:.1}ms, max {:.1}ms)",
-        r.short_type,
+        r.r#type,
         r.version,
         r.pushed,
         if r.pushed == 1 { "" } else { "s" },
         parts.join(", "),
-        r.latency_ms.p50,
-        r.latency_ms.max
+        r.latency_p50_ms,
+        r.latency_max_ms
     )
 }
 
@@ -147,8 +146,8 @@ pub fn summary(r: &RolloutStatus) -> String {
 mod tests {
     use super::*;
 
-    fn rollout(pending: u64, nacked: u64, unanswered: u64, since: f64) -> RolloutStatus {
-        RolloutStatus {
+    fn rollout(pending: u64, nacked: u64, unanswered: u64, since: f64) -> Rollout {
+        Rollout {
             pushed: 3,
             pending,
             nacked,

@@ -51,7 +51,7 @@ async fn watch(args: &WatchArgs) -> ExitCode {
             let _ = writeln!(out, "({} events missed: reading too slowly)", e.missed);
         }
         let line = match args.output {
-            Output::Json => json(&e).to_string(),
+            Output::Json => serde_json::to_string(&e).unwrap_or_default(),
             _ => crate::xds::printable(&line(&e, wide)).into_owned(),
         };
         // A closed pipe (`| head`) ends the watch quietly.
@@ -130,33 +130,6 @@ fn or_nothing(v: &str) -> &str {
     }
 }
 
-/// One event as a JSON object, every field named as in the API.
-pub fn json(e: &WatchEvent) -> serde_json::Value {
-    serde_json::json!({
-        "time": e.time,
-        "node": e.node,
-        "type": e.r#type,
-        "type_url": e.type_url,
-        "kind": e.kind,
-        "version": e.version,
-        "nonce": e.nonce,
-        "latency_ms": e.latency_ms,
-        "client_version": e.client_version,
-        "error_message": e.error_message,
-        "suspects": e.suspects,
-        "nack_scope": e.nack_scope,
-        "rejected": e.rejected,
-        "applied": e.applied,
-        "overtaken_by": e.overtaken_by,
-        "superseded_by": e.superseded_by,
-        "end_message": e.end_message,
-        "waiting_for": e.waiting_for,
-        "missed": e.missed,
-        "api": e.api,
-        "stream": e.stream,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,7 +153,7 @@ mod tests {
             "2026-12-01T10:00:00.1Z  envoy-3  CDS  NACK  v2  2ms  running v1  name: \"b\" bad: \
              value must be greater than 0s  [suspects: b]"
         );
-        assert_eq!(json(&e)["suspects"][0], "b");
+        assert_eq!(serde_json::to_value(&e).unwrap()["suspects"][0], "b");
     }
 
     #[test]
@@ -204,6 +177,6 @@ mod tests {
             "{l}"
         );
         assert!(!l.contains("running"), "{l}");
-        assert_eq!(json(&e)["nack_scope"], "partial");
+        assert_eq!(serde_json::to_value(&e).unwrap()["nack_scope"], "partial");
     }
 }

@@ -13,12 +13,8 @@ use super::Sink;
 use crate::correlate::{Event, Push, Timestamp, Verdict};
 use crate::xds::{short_type, Api};
 
-mod report;
 pub mod resources;
-pub use report::{
-    worst, NackInfo, NodeStatus, ResourceErrorInfo, StatusReport, SyncState,
-    TypeStatus,
-};
+use crate::api::tap::{Nack, NodeStatus, ResourceError, StatusReport, SyncState, TypeStatus};
 use resources::{CpErrors, Held, ListenerNeeds, Ttls, Unsettled};
 
 /// How the board ages entries.
@@ -58,7 +54,7 @@ struct TypeEntry {
     unanswered: u64,
     nonce_reuses: u64,
     rejected_resends: u64,
-    nack: Option<(NackInfo, Timestamp)>,
+    nack: Option<(Nack, Timestamp)>,
     /// When the client first asked for the type (none: it never did, pushes came unasked).
     subscribed_at: Option<Timestamp>,
     /// When the type became SYNCED: the ACK after a NACK, or the first.
@@ -197,7 +193,7 @@ impl TypeEntry {
                     self.version_accepted = (!kept.is_empty()).then(|| kept.to_string());
                 }
                 let since = self.nack.as_ref().map_or(decided_at, |(_, s)| *s);
-                let info = NackInfo {
+                let info = Nack {
                     code: error.code,
                     message: error.message.clone(),
                     suspects: suspects.iter().take(NAMES_CAP).cloned().collect(),
@@ -368,8 +364,20 @@ impl StatusBoard {
         true
     }
 
-    /// The status of every node (or one), as of `now`.
+    /// The status of every node, or of one with its resources, as of `now`.
     pub fn report(&self, now: Timestamp, only: Option<&str>) -> StatusReport {
+        let mut report = self.report_nodes(now, only);
+        if let (Some(id), [one]) = (only, &mut report.nodes[..]) {
+            let mut of = self.resources_at(now, |n| n == id);
+            one.resources = (of.pop().into_iter())
+                .flat_map(|n| n.resources)
+                .map(Into::into)
+                .collect();
+        }
+        report
+    }
+
+    fn report_nodes(&self, now: Timestamp, only: Option<&str>) -> StatusReport {
         let board = self.lock();
         let stale = self.settings.stale_after.as_nanos() as u64;
         let forget = self.settings.forget_after.as_nanos() as u64;
@@ -387,15 +395,15 @@ impl StatusBoard {
                     .iter()
                     .map(|(url, t)| type_status(url, t, now, stale))
                     .collect();
-                types.sort_by(|a, b| a.short_type.cmp(&b.short_type));
-                let state = worst(types.iter().map(|t| t.state));
+                types.sort_by(|a, b| a.r#type.cmp(&b.r#type));
+                let state = SyncState::worst(types.iter().map(|t| t.state()));
                 NodeStatus {
                     id: id.clone(),
                     cluster: n.cluster.clone(),
                     user_agent: n.user_agent.clone(),
-                    state,
+                    state: state as i32,
                     connected: !n.streams.is_empty(),
-                    streams: n.streams.len(),
+                    streams: n.streams.len() as u32,
                     last_seen: rfc3339(n.last_seen),
                     disconnected_at: n.disconnected_at.map(rfc3339),
                     types,
@@ -420,7 +428,7 @@ impl StatusBoard {
         let shown = (board.nodes.values())
             .filter(|n| (n.disconnected_at).is_none_or(|d| now.saturating_sub(d) < forget));
         for n in shown {
-            let state = worst(n.types.values().map(|t| type_state(t, now, stale).0));
+            let state = SyncState::worst(n.types.values().map(|t| type_state(t, now, stale).0));
             *out.entry(state).or_default() += 1;
         }
         out
@@ -454,9 +462,9 @@ fn type_state(t: &TypeEntry, now: Timestamp, stale: u64) -> (SyncState, Option<T
 fn type_status(url: &str, t: &TypeEntry, now: Timestamp, stale: u64) -> TypeStatus {
     let (state, since) = type_state(t, now, stale);
     TypeStatus {
-        short_type: short_type(url).to_string(),
+        r#type: short_type(url).to_string(),
         type_url: url.to_string(),
-        state,
+        state: state as i32,
         version_sent: t.version_sent.clone(),
         version_accepted: t.version_accepted.clone(),
         nonce: t.nonce.clone(),
@@ -472,7 +480,7 @@ fn type_status(url: &str, t: &TypeEntry, now: Timestamp, stale: u64) -> TypeStat
         rejected_resends: t.rejected_resends,
         heartbeats: t.heartbeats,
         resource_errors: (t.cp_errors.0.iter().take(NAMES_CAP))
-            .map(|(name, code, message, at)| ResourceErrorInfo {
+            .map(|(name, code, message, at)| ResourceError {
                 name: name.clone(),
                 code: *code,
                 message: message.clone(),
@@ -564,7 +572,7 @@ mod tests {
     fn cds(board: &StatusBoard, node: &str, now: Timestamp) -> TypeStatus {
         let mut from_report = BTreeMap::new();
         for n in board.report(now, None).nodes {
-            *from_report.entry(n.state).or_insert(0u64) += 1;
+            *from_report.entry(n.state()).or_insert(0u64) += 1;
         }
         assert_eq!(board.counts(now), from_report);
         board.report(now, Some(node)).nodes[0].types[0].clone()
@@ -580,17 +588,17 @@ mod tests {
         let mut e = Vec::new();
         c.on_request(req(Some("n1"), "", "", None), S, &mut e);
         feed(&board, std::mem::take(&mut e));
-        assert_eq!(cds(&board, "n1", S).state, SyncState::NotSent);
+        assert_eq!(cds(&board, "n1", S).state(), SyncState::NotSent);
 
         c.on_response(resp("v1", "1", &["a"]), 2 * S, &mut e);
         feed(&board, std::mem::take(&mut e));
-        assert_eq!(cds(&board, "n1", 3 * S).state, SyncState::Pending);
-        assert_eq!(cds(&board, "n1", 12 * S).state, SyncState::Stale);
+        assert_eq!(cds(&board, "n1", 3 * S).state(), SyncState::Pending);
+        assert_eq!(cds(&board, "n1", 12 * S).state(), SyncState::Stale);
 
         c.on_request(req(None, "v1", "1", None), 13 * S, &mut e);
         feed(&board, std::mem::take(&mut e));
         let t = cds(&board, "n1", 13 * S);
-        assert_eq!(t.state, SyncState::Synced);
+        assert_eq!(t.state(), SyncState::Synced);
         assert_eq!(t.version_accepted.as_deref(), Some("v1"));
         assert_eq!(t.latency_ms, Some(11_000.0));
 
@@ -598,7 +606,7 @@ mod tests {
         c.on_request(req(None, "v1", "2", Some("bad b")), 15 * S, &mut e);
         feed(&board, std::mem::take(&mut e));
         let t = cds(&board, "n1", 15 * S);
-        assert_eq!(t.state, SyncState::Nacked);
+        assert_eq!(t.state(), SyncState::Nacked);
         assert_eq!(t.version_sent.as_deref(), Some("v2"));
         assert_eq!(t.version_accepted.as_deref(), Some("v1"));
         let nack = t.nack.unwrap();
@@ -609,16 +617,16 @@ mod tests {
         // A new push while NACKED: still NACKED until answered, STALE once overdue.
         c.on_response(resp("v3", "3", &["a"]), 16 * S, &mut e);
         feed(&board, std::mem::take(&mut e));
-        assert_eq!(cds(&board, "n1", 17 * S).state, SyncState::Nacked);
-        assert_eq!(cds(&board, "n1", 30 * S).state, SyncState::Stale);
+        assert_eq!(cds(&board, "n1", 17 * S).state(), SyncState::Nacked);
+        assert_eq!(cds(&board, "n1", 30 * S).state(), SyncState::Stale);
         c.on_request(req(None, "v3", "3", None), 31 * S, &mut e);
         feed(&board, std::mem::take(&mut e));
         let t = cds(&board, "n1", 31 * S);
-        assert_eq!(t.state, SyncState::Synced);
+        assert_eq!(t.state(), SyncState::Synced);
         assert!(t.nack.is_none());
         assert_eq!((t.pushes, t.acks, t.nacks), (3, 2, 1));
         let report = board.report(31 * S, None);
-        assert_eq!(report.nodes[0].state, SyncState::Synced);
+        assert_eq!(report.nodes[0].state(), SyncState::Synced);
         assert!(report.nodes[0].connected);
     }
 

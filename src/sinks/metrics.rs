@@ -12,7 +12,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use super::board::{StatusBoard, SyncState};
+use super::board::StatusBoard;
+use crate::api::tap::SyncState;
 use crate::proxy::counter;
 use super::spans::SpanStats;
 use super::{Sink, TapStats};
@@ -332,8 +333,8 @@ impl Sources {
         let counts = self.status.counts(super::now());
         let states = [
             SyncState::Synced,
-            SyncState::Pending,
             SyncState::NotSent,
+            SyncState::Pending,
             SyncState::Nacked,
             SyncState::Stale,
         ]
@@ -367,6 +368,7 @@ fn state_label(s: SyncState) -> &'static str {
         SyncState::NotSent => "not_sent",
         SyncState::Nacked => "nacked",
         SyncState::Stale => "stale",
+        SyncState::Unspecified => "unspecified",
     }
 }
 

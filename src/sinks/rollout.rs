@@ -10,9 +10,8 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use serde::{Deserialize, Serialize};
-
 use super::record::rfc3339;
+use crate::api::tap::{self, RolloutReport};
 use super::Sink;
 use crate::correlate::{Event, Scope, Timestamp, Verdict};
 use crate::xds::short_type;
@@ -80,7 +79,7 @@ struct Entry {
 
 /// The NACKs of one rollout with one message.
 #[derive(Clone, Debug)]
-struct NackGroup {
+struct NackTally {
     /// The message as the first node sent it.
     message: String,
     /// The message with what varies between runs taken out, to group by.
@@ -95,7 +94,7 @@ struct NackGroup {
 
 /// One version of one type.
 #[derive(Debug)]
-struct Rollout {
+struct Progress {
     /// The order versions were first pushed in (pushes read together share a time).
     seq: u64,
     type_url: Arc<str>,
@@ -104,7 +103,7 @@ struct Rollout {
     last_push: Timestamp,
     last_answer: Option<Timestamp>,
     nodes: HashMap<Arc<str>, Entry>,
-    nacks: Vec<NackGroup>,
+    nacks: Vec<NackTally>,
 }
 
 /// A CDS push that waits for EDS: its version and the EDS names.
@@ -120,7 +119,7 @@ type Running = Vec<(Arc<str>, Arc<str>)>;
 #[derive(Default)]
 struct Book {
     /// type URL -> its rollouts, oldest first.
-    types: HashMap<Arc<str>, VecDeque<Rollout>>,
+    types: HashMap<Arc<str>, VecDeque<Progress>>,
     /// node -> what it says it runs, per type it answered.
     running: HashMap<Arc<str>, Running>,
     /// node -> its CDS push waiting for EDS.
@@ -136,110 +135,6 @@ struct Book {
 pub struct Rollouts {
     inner: Arc<Mutex<Book>>,
     settings: RolloutSettings,
-}
-
-/// `/rollouts`.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct RolloutReport {
-    /// When this was taken.
-    pub generated_at: String,
-    /// Newest first.
-    pub rollouts: Vec<RolloutStatus>,
-}
-
-/// One version of one type across the fleet.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct RolloutStatus {
-    /// `CDS`, ... or the type URL.
-    #[serde(rename = "type")]
-    pub short_type: String,
-    /// Full type URL.
-    pub type_url: String,
-    /// The version.
-    pub version: String,
-    /// Its first push.
-    pub first_push: String,
-    /// Its last push.
-    pub last_push: String,
-    /// Seconds since its last push.
-    pub since_last_push_seconds: f64,
-    /// Its last answer.
-    pub last_answer: Option<String>,
-    /// Nodes it was pushed to.
-    pub pushed: u64,
-    /// ... that accepted it.
-    pub acked: u64,
-    /// ... that rejected it, in whole or in part.
-    pub nacked: u64,
-    /// ... of those, that rejected part of it and run the rest.
-    #[serde(default)]
-    pub partial: u64,
-    /// ... whose push a newer one replaced before they answered.
-    pub superseded: u64,
-    /// ... whose stream ended first (and that were not pushed it again since).
-    pub unanswered: u64,
-    /// ... still to answer.
-    pub pending: u64,
-    /// Push to answer over the nodes that answered, milliseconds.
-    pub latency_ms: Latency,
-    /// The nodes pushed this version that do not run it: NACKs first, then unanswered, then
-    /// pending (longest waiting first), then superseded (capped).
-    pub behind: Vec<NodeStanding>,
-    /// Nodes that accepted it (capped).
-    pub acked_nodes: Vec<String>,
-    /// NACKs grouped by message, most nodes first.
-    pub nacks: Vec<NackSummary>,
-}
-
-/// Push-to-answer percentiles, milliseconds.
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct Latency {
-    /// Median.
-    pub p50: f64,
-    /// 90th percentile.
-    pub p90: f64,
-    /// Slowest.
-    pub max: f64,
-}
-
-/// A node that was pushed a version and does not run it.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct NodeStanding {
-    /// `node.id`.
-    pub node: String,
-    /// `pending`, `nacked`, `superseded` or `unanswered`.
-    pub state: String,
-    /// The version it says it runs, when it said.
-    pub running: Option<String>,
-    /// When it was (last) pushed this version.
-    pub pushed_at: String,
-    /// Seconds since.
-    pub waiting_seconds: f64,
-    /// CDS: the EDS resources it waits for before it can answer (cluster warming).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub waiting_for: Vec<String>,
-}
-
-/// The NACKs with one message.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct NackSummary {
-    /// The message, as the first node sent it.
-    pub message: String,
-    /// How many nodes sent it.
-    pub nodes: u64,
-    /// Some of them.
-    pub examples: Vec<String>,
-    /// The resources to look at.
-    pub suspects: Vec<String>,
-    /// `whole`, `partial` (these nodes run the rest of the version) or `unknown`.
-    #[serde(default)]
-    pub scope: String,
-    /// Partial: the resources rejected.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub rejected: Vec<String>,
-    /// Partial: the changed resources that landed all the same.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub applied: Vec<String>,
 }
 
 /// A message with its run-to-run noise taken out, to group NACKs by: Envoy's messages can embed
@@ -279,7 +174,7 @@ impl Book {
         self.strings.retain(|s| Arc::strong_count(s) > 1);
     }
 
-    fn rollout(&mut self, type_url: &str, version: &str) -> Option<&mut Rollout> {
+    fn rollout(&mut self, type_url: &str, version: &str) -> Option<&mut Progress> {
         (self.types.get_mut(type_url)?)
             .iter_mut()
             .find(|r| &*r.version == version)
@@ -325,7 +220,7 @@ impl Book {
             }
             self.made += 1;
             let rollouts = self.types.get_mut(&type_url).expect("made above");
-            rollouts.push_back(Rollout {
+            rollouts.push_back(Progress {
                 seq: self.made,
                 type_url,
                 version,
@@ -446,7 +341,7 @@ impl Rollouts {
     /// The rollouts (of one version, of some types, or all), newest first, as of `now`.
     pub fn report(&self, now: Timestamp, version: Option<&str>, types: &[String]) -> RolloutReport {
         let book = self.lock();
-        let mut all: Vec<&Rollout> = (book.types.iter())
+        let mut all: Vec<&Progress> = (book.types.iter())
             .filter(|(url, _)| type_wanted(types, url))
             .flat_map(|(_, rs)| rs.iter())
             .filter(|r| version.is_none_or(|v| v == &*r.version))
@@ -461,7 +356,7 @@ impl Rollouts {
     }
 }
 
-impl Rollout {
+impl Progress {
     /// The NACK group of `message`, made when new.
     fn group(&mut self, verdict: &Verdict) -> usize {
         let Verdict::Nack {
@@ -483,7 +378,7 @@ impl Rollout {
         if self.nacks.len() == MAX_GROUPS {
             return MAX_GROUPS - 1;
         }
-        self.nacks.push(NackGroup {
+        self.nacks.push(NackTally {
             message: message.to_string(),
             key,
             suspects: suspects.to_vec(),
@@ -540,7 +435,7 @@ impl Rollout {
         self.nodes.insert(node, new);
     }
 
-    fn status(&self, book: &Book, now: Timestamp, listed: usize) -> RolloutStatus {
+    fn status(&self, book: &Book, now: Timestamp, listed: usize) -> tap::Rollout {
         let count = |s: Standing| self.nodes.values().filter(|e| e.standing == s).count() as u64;
         let mut latencies: Vec<u32> = (self.nodes.values())
             .filter(|e| {
@@ -570,10 +465,10 @@ impl Rollout {
             .map(|(id, _)| &**id)
             .collect();
         acked.sort_unstable();
-        let mut nacks: Vec<&NackGroup> = self.nacks.iter().collect();
+        let mut nacks: Vec<&NackTally> = self.nacks.iter().collect();
         nacks.sort_by_key(|g| std::cmp::Reverse(g.nodes));
-        RolloutStatus {
-            short_type: short_type(&self.type_url).to_string(),
+        tap::Rollout {
+            r#type: short_type(&self.type_url).to_string(),
             type_url: self.type_url.to_string(),
             version: self.version.to_string(),
             first_push: rfc3339(self.first_push),
@@ -587,17 +482,15 @@ impl Rollout {
             superseded: count(Standing::Superseded),
             unanswered: count(Standing::Unanswered),
             pending: count(Standing::Pending),
-            latency_ms: Latency {
-                p50: pct(0.5),
-                p90: pct(0.9),
-                max: latencies.last().map_or(0.0, |&us| ms(us)),
-            },
+            latency_p50_ms: pct(0.5),
+            latency_p90_ms: pct(0.9),
+            latency_max_ms: latencies.last().map_or(0.0, |&us| ms(us)),
             behind: (behind.into_iter().take(listed))
                 .map(|(id, e)| self.standing(book, id, e, now))
                 .collect(),
             acked_nodes: acked.into_iter().take(listed).map(String::from).collect(),
             nacks: (nacks.into_iter())
-                .map(|g| NackSummary {
+                .map(|g| tap::NackGroup {
                     message: g.message.clone(),
                     nodes: g.nodes,
                     examples: g.examples.iter().map(|e| e.to_string()).collect(),
@@ -610,10 +503,10 @@ impl Rollout {
         }
     }
 
-    fn standing(&self, book: &Book, id: &str, e: &Entry, now: Timestamp) -> NodeStanding {
+    fn standing(&self, book: &Book, id: &str, e: &Entry, now: Timestamp) -> tap::RolloutNode {
         let waiting = (book.waiting.get(id))
             .filter(|w| e.standing == Standing::Pending && *w.version == *self.version);
-        NodeStanding {
+        tap::RolloutNode {
             node: id.to_string(),
             state: e.standing.label().into(),
             running: book.running(id, &self.type_url).map(String::from),

@@ -18,8 +18,8 @@ use support::otlp::{Received, Receiver};
 use support::resources::{static_cluster, CDS, LDS};
 use support::scripted::{response, Scripted};
 use support::tap::XdsTap;
+use xdstap::api::tap::{StatusReport, SyncState, TypeStatus};
 use xdstap::correlate::{Event, Verdict};
-use xdstap::sinks::board::{StatusReport, SyncState};
 use xdstap::sinks::spans::{Protocol, SpanSettings};
 
 const REJECTED: &str = "ClusterValidationError.ConnectTimeout: value must be greater than 0s";
@@ -167,18 +167,18 @@ async fn report(admin: &str) -> StatusReport {
     xdstap::cli::status::fetch(admin, None).await.unwrap()
 }
 
-fn cds(r: &StatusReport) -> xdstap::sinks::board::TypeStatus {
+fn cds(r: &StatusReport) -> TypeStatus {
     r.nodes[0]
         .types
         .iter()
-        .find(|t| t.short_type == "CDS")
+        .find(|t| t.r#type == "CDS")
         .unwrap()
         .clone()
 }
 
 /// CDS as `/status` shows it once it has caught up with `version` (the board is a sink of the
 /// same queue the test reads verdicts from).
-async fn cds_at(admin: &str, version: &str) -> xdstap::sinks::board::TypeStatus {
+async fn cds_at(admin: &str, version: &str) -> TypeStatus {
     for _ in 0..200 {
         let t = cds(&report(admin).await);
         if t.version_sent.as_deref() == Some(version) && t.pending_since.is_none() {
@@ -252,7 +252,7 @@ async fn back_to_back_pushes_each_get_their_own_answer() {
         let envoy_runs = envoy_cds_version(&s.envoy).await;
         assert_eq!(envoy_runs, a);
         let t = cds_at(&s.tap.admin, &b).await;
-        assert_eq!(t.state, SyncState::Nacked);
+        assert_eq!(t.state(), SyncState::Nacked);
         assert_eq!(t.version_accepted.as_deref(), Some(envoy_runs.as_str()));
         assert_eq!(t.nack.unwrap().version, b);
     }
@@ -288,7 +288,7 @@ async fn a_reused_nonce_pairs_answers_in_order_and_is_counted() {
         }
         assert_eq!(envoy_cds_version(&s.envoy).await, good);
         let t = cds_at(&s.tap.admin, &bad).await;
-        assert_eq!(t.state, SyncState::Nacked);
+        assert_eq!(t.state(), SyncState::Nacked);
         assert_eq!(t.version_accepted.as_deref(), Some(good.as_str()));
         assert_eq!(t.nonce_reuses, reuses);
         last = nonce;
@@ -303,7 +303,7 @@ async fn a_reused_nonce_pairs_answers_in_order_and_is_counted() {
     assert_eq!(verdicts[2].0, Verdict::Ack);
     assert_eq!(envoy_cds_version(&s.envoy).await, "r-again");
     let t = cds_at(&s.tap.admin, "r-again").await;
-    assert_eq!(t.state, SyncState::Synced);
+    assert_eq!(t.state(), SyncState::Synced);
     assert_eq!(t.version_accepted.as_deref(), Some("r-again"));
     assert_eq!(t.nonce_reuses, reuses);
     assert_eq!(xdstap::proxy::counter(&s.tap.stats.nonce_reuses), reuses);

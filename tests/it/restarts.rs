@@ -13,8 +13,9 @@ use support::control_plane::ControlPlane;
 use support::envoy::{Envoy, Xds};
 use support::resources::{Snapshot, CDS};
 use support::tap::{TapOptions, XdsTap};
+use xdstap::api::tap::SyncState;
 use xdstap::correlate::{Event, Verdict};
-use xdstap::sinks::board::{StatusBoard, StatusSettings, SyncState};
+use xdstap::sinks::board::{StatusBoard, StatusSettings};
 
 const RESTARTS: usize = 50;
 
@@ -121,8 +122,8 @@ async fn fifty_control_plane_restarts_under_three_envoys() {
             .iter()
             .filter(|n| {
                 n.types.iter().any(|t| {
-                    t.short_type == "CDS"
-                        && t.state == SyncState::Synced
+                    t.r#type == "CDS"
+                        && t.state() == SyncState::Synced
                         && t.version_accepted.as_deref() == Some(last.as_str())
                 })
             })

@@ -15,8 +15,8 @@ use support::envoy::{Envoy, Xds};
 use support::resources::{Snapshot, CDS};
 use support::tap::{TapOptions, XdsTap};
 use support::xdstap;
+use xdstap::api::tap::{Rollout, RolloutReport};
 use xdstap::correlate::Event;
-use xdstap::sinks::rollout::{RolloutReport, RolloutStatus};
 
 /// The nodes the control plane pushed `type_url` version `version` to, split by how their
 /// answers went (by its own record): (acked, nacked with the message).
@@ -49,7 +49,7 @@ async fn rollouts(admin: &str, query: &str) -> RolloutReport {
     serde_json::from_str(&body).unwrap()
 }
 
-async fn cds(admin: &str, version: &str) -> Option<RolloutStatus> {
+async fn cds(admin: &str, version: &str) -> Option<Rollout> {
     (rollouts(admin, &format!("?version={version}&type=CDS"))
         .await
         .rollouts)
@@ -58,7 +58,7 @@ async fn cds(admin: &str, version: &str) -> Option<RolloutStatus> {
 }
 
 /// Waits until CDS `version` has `answered` answers from the tap's point of view.
-async fn answered(admin: &str, version: &str, answered: u64) -> RolloutStatus {
+async fn answered(admin: &str, version: &str, answered: u64) -> Rollout {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(r) = cds(admin, version).await {

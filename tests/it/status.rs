@@ -12,8 +12,9 @@ use support::envoy::{Envoy, Xds};
 use support::http_get as get;
 use support::resources::{Snapshot, CDS};
 use support::tap::XdsTap;
+use xdstap::api::tap::{StatusReport, SyncState};
 use xdstap::config::Options;
-use xdstap::sinks::board::{StatusReport, StatusSettings, SyncState};
+use xdstap::sinks::board::StatusSettings;
 
 /// The tap as `xdstap run` assembles it, its admin server on a loopback port.
 struct Monitored {
@@ -53,8 +54,8 @@ fn state(r: &StatusReport, node: &str, ty: &str) -> Option<SyncState> {
         .find(|n| n.id == node)?
         .types
         .iter()
-        .find(|t| t.short_type == ty)
-        .map(|t| t.state)
+        .find(|t| t.r#type == ty)
+        .map(|t| t.state())
 }
 
 async fn wait_report(admin: &str, what: &str, f: impl Fn(&StatusReport) -> bool) -> StatusReport {
@@ -128,8 +129,8 @@ async fn two_envoys_one_rejects_its_config() {
     })
     .await;
     let n2 = r.nodes.iter().find(|n| n.id == "node-2").unwrap();
-    assert_eq!(n2.state, SyncState::Nacked);
-    let cds = n2.types.iter().find(|t| t.short_type == "CDS").unwrap();
+    assert_eq!(n2.state(), SyncState::Nacked);
+    let cds = n2.types.iter().find(|t| t.r#type == "CDS").unwrap();
     let nack = cds.nack.clone().unwrap();
     let recorded = cp
         .answer_eventually(cds.nonce.as_deref().unwrap())

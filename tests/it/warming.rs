@@ -16,12 +16,12 @@ use support::otlp::Receiver;
 use support::resources::{warming_cluster, Snapshot, CDS};
 use support::tap::{TapOptions, XdsTap};
 use support::xdstap;
-use xdstap::sinks::board::{StatusReport, SyncState, TypeStatus};
+use xdstap::api::tap::{StatusReport, SyncState, TypeStatus};
 use xdstap::sinks::spans::{Protocol, SpanSettings, SpanStats};
 
 fn cds(r: &StatusReport) -> Option<TypeStatus> {
     let node = r.nodes.iter().find(|n| n.id == "node-1")?;
-    node.types.iter().find(|t| t.short_type == "CDS").cloned()
+    node.types.iter().find(|t| t.r#type == "CDS").cloned()
 }
 
 async fn status_until(admin: &str, what: &str, f: impl Fn(&TypeStatus) -> bool) -> TypeStatus {
@@ -55,7 +55,7 @@ async fn a_cds_push_held_for_endpoints_that_never_come() {
     let tap = XdsTap::with_sinks(TapOptions::new(&cp_addr), vec![Box::new(sink)]).await;
     let envoy = Envoy::start("node-1", Xds::Tcp(tap.tap.addr.clone()), false).await;
     status_until(&tap.admin, "SYNCED on v1", |t| {
-        t.state == SyncState::Synced && t.version_accepted.as_deref() == Some("v1")
+        t.state() == SyncState::Synced && t.version_accepted.as_deref() == Some("v1")
     })
     .await;
     assert!(

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::{StatusBoard, TypeEntry};
+use crate::api::tap;
 use crate::correlate::{Event, Mentions, Push, Rejected, Scope, Timestamp, Verdict};
 use crate::xds::{Api, Needs};
 
@@ -343,49 +344,14 @@ fn fold(held: &mut Each, push: &Push, rejected: &[Rejected], at: Timestamp) {
     }
 }
 
-/// How a resource stands, from the control plane's side (CSDS `ConfigStatus`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum ConfigStatus {
-    /// Sent and accepted.
-    Synced,
-    /// Asked for, never sent.
-    NotSent,
-    /// Sent, not answered yet.
-    Stale,
-    /// Sent and rejected (in a NACKed push).
-    Error,
-}
+/// How a resource stands, from the control plane's side and from the client's (the API's
+/// enums: CSDS's states, with the tap's finer client states).
+pub use crate::api::tap::resource_status::{ClientStatus, ConfigStatus};
 
-/// What the client has of it (CSDS `ClientResourceStatus`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum ClientStatus {
-    /// It runs an accepted version.
-    Acked,
-    /// It rejected the version sent (the NACK names it, or names nothing).
-    Nacked,
-    /// Sent, not (yet) accepted, and it had no version before.
-    Requested,
-    /// The control plane reported an error for it (`resource_errors`), and has not sent it
-    /// since.
-    ReceivedError,
-    /// Asked for by name, and the control plane said it has none (a Delta removal).
-    DoesNotExist,
-    /// Its TTL lapsed without a heartbeat: the client dropped it (CSDS: DOES_NOT_EXIST, with
-    /// the lapse in `error_state`).
-    Expired,
-    /// A listener that waits for the routes or secrets it names (CSDS: ACKED, with what it
-    /// waits for in `error_state`).
-    Warming,
-    /// Changed by a push the client NACKed without saying what of it landed, and not named in
-    /// the message: it may run either content (CSDS: UNKNOWN).
-    Unknown,
-}
-
-/// One resource of one node.
+/// One resource of one node, as the board reads it (CSDS serves these; `/status?node=` their
+/// [`tap::ResourceStatus`] form).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ResourceStatus {
+pub struct ResourceRow {
     /// Full type URL.
     pub type_url: String,
     /// The resource name.
@@ -412,7 +378,7 @@ pub struct NodeResources {
     /// `user_agent_name user_agent_version`.
     pub user_agent: String,
     /// By type URL, then name.
-    pub resources: Vec<ResourceStatus>,
+    pub resources: Vec<ResourceRow>,
 }
 
 /// One held resource: its version and digest, when accepted.
@@ -473,7 +439,7 @@ fn held_resources(held: Option<&Held>) -> BTreeMap<String, Had> {
 }
 
 /// The names asked for that no push held or holds.
-fn not_sent(url: &str, t: &TypeEntry, had: &BTreeMap<String, Had>, out: &mut Vec<ResourceStatus>) {
+fn not_sent(url: &str, t: &TypeEntry, had: &BTreeMap<String, Had>, out: &mut Vec<ResourceRow>) {
     let pushed = |n: &str| {
         let resources = t.unsettled.as_ref().map(|u| &u.push.resources);
         resources.is_some_and(|rs| rs.iter().any(|r| r.name == n))
@@ -483,7 +449,7 @@ fn not_sent(url: &str, t: &TypeEntry, had: &BTreeMap<String, Had>, out: &mut Vec
             continue;
         }
         let absent = t.absent.contains(name);
-        out.push(ResourceStatus {
+        out.push(ResourceRow {
             type_url: url.to_string(),
             name: name.clone(),
             version: String::new(),
@@ -502,7 +468,7 @@ fn not_sent(url: &str, t: &TypeEntry, had: &BTreeMap<String, Had>, out: &mut Vec
 }
 
 /// Resources whose TTL lapsed by `now` without a heartbeat: the client dropped them.
-fn expired(t: &TypeEntry, start: usize, now: Timestamp, out: &mut [ResourceStatus]) {
+fn expired(t: &TypeEntry, start: usize, now: Timestamp, out: &mut [ResourceRow]) {
     if t.ttls.0.is_empty() {
         return;
     }
@@ -521,7 +487,7 @@ fn expired(t: &TypeEntry, start: usize, now: Timestamp, out: &mut [ResourceStatu
 
 /// Listeners that name routes or secrets the node does not run: WARMING for Envoy's
 /// initial fetch timeout, then serving without them (ACKED, with what is missing).
-fn warming(types: &BTreeMap<String, TypeEntry>, now: Timestamp, out: &mut [ResourceStatus]) {
+fn warming(types: &BTreeMap<String, TypeEntry>, now: Timestamp, out: &mut [ResourceRow]) {
     let Some(listeners) = types
         .get(crate::xds::LISTENER)
         .filter(|t| !t.needs.0.is_empty())
@@ -576,7 +542,7 @@ fn ttl_text(ms: u32) -> String {
 
 /// The control plane's errors over the resources listed from `start`: a resource it reported
 /// an error for is RECEIVED_ERROR (it still runs what it ran, if anything), with that error.
-fn cp_errors(url: &str, t: &TypeEntry, start: usize, out: &mut Vec<ResourceStatus>) {
+fn cp_errors(url: &str, t: &TypeEntry, start: usize, out: &mut Vec<ResourceRow>) {
     for (name, _, message, at) in &t.cp_errors.0 {
         let error = Some((message.clone(), String::new(), *at));
         match out[start..].iter_mut().find(|r| r.name == *name) {
@@ -585,7 +551,7 @@ fn cp_errors(url: &str, t: &TypeEntry, start: usize, out: &mut Vec<ResourceStatu
                 r.error = error;
                 r.last_updated = *at;
             }
-            None => out.push(ResourceStatus {
+            None => out.push(ResourceRow {
                 type_url: url.to_string(),
                 name: name.clone(),
                 version: String::new(),
@@ -600,7 +566,7 @@ fn cp_errors(url: &str, t: &TypeEntry, start: usize, out: &mut Vec<ResourceStatu
 }
 
 /// Every resource of one type of one node.
-fn type_resources(url: &str, t: &TypeEntry, now: Timestamp, out: &mut Vec<ResourceStatus>) {
+fn type_resources(url: &str, t: &TypeEntry, now: Timestamp, out: &mut Vec<ResourceRow>) {
     let start = out.len();
     type_resources_held(url, t, out);
     expired(t, start, now, out);
@@ -608,9 +574,9 @@ fn type_resources(url: &str, t: &TypeEntry, now: Timestamp, out: &mut Vec<Resour
 }
 
 /// Every resource of one type of one node, but for the control plane's errors.
-fn type_resources_held(url: &str, t: &TypeEntry, out: &mut Vec<ResourceStatus>) {
+fn type_resources_held(url: &str, t: &TypeEntry, out: &mut Vec<ResourceRow>) {
     let had = held_resources(t.held.as_ref());
-    let status = |name: String, h: &Had| ResourceStatus {
+    let status = |name: String, h: &Had| ResourceRow {
         type_url: url.to_string(),
         name,
         version: h.version.clone(),
@@ -647,7 +613,7 @@ fn type_resources_held(url: &str, t: &TypeEntry, out: &mut Vec<ResourceStatus>) 
         .filter(|n| n.scope == Scope::Unknown)
         .map(|n| Mentions::of(&n.message));
     let unknown = |name: &str| words.as_ref().is_some_and(|w| !w.names(name));
-    let unsettled = |name: String, before: Option<&Had>| ResourceStatus {
+    let unsettled = |name: String, before: Option<&Had>| ResourceRow {
         type_url: url.to_string(),
         version: before.map(|h| h.version.clone()).unwrap_or_default(),
         config,
@@ -661,7 +627,7 @@ fn type_resources_held(url: &str, t: &TypeEntry, out: &mut Vec<ResourceStatus>) 
         error: error(&name),
         name,
     };
-    let mut changed: HashMap<String, ResourceStatus> = HashMap::new();
+    let mut changed: HashMap<String, ResourceRow> = HashMap::new();
     for r in u.push.resources.iter() {
         match had.get(&*r.name) {
             Some(h) if h.digest == r.digest => {}
@@ -732,5 +698,24 @@ impl StatusBoard {
             .collect();
         nodes.sort_by(|a, b| a.id.cmp(&b.id));
         nodes
+    }
+}
+
+impl From<ResourceRow> for tap::ResourceStatus {
+    fn from(r: ResourceRow) -> Self {
+        let (error, rejected) = match r.error {
+            Some((message, version, _)) => (Some(message), Some(version).filter(|v| !v.is_empty())),
+            None => (None, None),
+        };
+        tap::ResourceStatus {
+            r#type: crate::xds::short_type(&r.type_url).to_string(),
+            type_url: r.type_url,
+            name: r.name,
+            version: r.version,
+            config: r.config as i32,
+            client: r.client as i32,
+            error,
+            rejected_version: rejected,
+        }
     }
 }

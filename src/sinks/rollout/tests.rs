@@ -89,7 +89,7 @@ impl<'a> Client<'a> {
     }
 }
 
-fn one(view: &Rollouts, now: u64, version: &str) -> RolloutStatus {
+fn one(view: &Rollouts, now: u64, version: &str) -> tap::Rollout {
     let mut r = view.report(now, Some(version), &[]).rollouts;
     assert_eq!(r.len(), 1, "{r:?}");
     r.remove(0)
@@ -150,8 +150,8 @@ fn who_acked_who_nacked_and_who_was_never_pushed() {
     assert_eq!(r.nacks[0].nodes, 2);
     assert_eq!(r.nacks[0].examples, ["b", "c"]);
     assert_eq!(r.nacks[0].suspects, ["bad"]);
-    assert_eq!(r.latency_ms.max, 4000.0);
-    assert_eq!(r.latency_ms.p50, 2000.0);
+    assert_eq!(r.latency_max_ms, 4000.0);
+    assert_eq!(r.latency_p50_ms, 2000.0);
     let v1 = one(&view, 15 * S, "v1");
     assert_eq!((v1.pushed, v1.acked), (3, 3));
     assert_eq!(view.report(15 * S, None, &["LDS".into()]).rollouts.len(), 0);

@@ -1,8 +1,9 @@
 //! The shape of the library, checked: the one-way rules `src/lib.rs` states (which module may
 //! use which), no function longer than about a hundred lines, and the house rules (every file
 //! says what it is in a `//!`, the public modules are the public API's and no others, parse
-//! errors are types rather than strings, the integration tests are one binary). Reads `src/` as
-//! text, with comments and string literals blanked out first.
+//! errors are types rather than strings, the integration tests are one binary, the reports
+//! are the proto's messages and no copy of them). Reads `src/` as text, with comments and
+//! string literals blanked out first.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -245,6 +246,64 @@ fn house_breaches(files: &[(String, String)]) -> Vec<String> {
         }
     }
     out
+}
+
+/// The messages and enums `proto` declares (nested ones included).
+fn proto_types(proto: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for line in proto.lines().map(str::trim) {
+        for kind in ["message ", "enum "] {
+            if let Some(rest) = line.strip_prefix(kind) {
+                out.insert(rest.trim_end_matches(['{', ' ']).to_string());
+            }
+        }
+    }
+    out
+}
+
+/// Types in `files` named as a message or enum of the tap's proto: a hand-kept copy of the
+/// schema (the reports are the generated messages, `build.rs` derives their JSON).
+fn schema_copies(files: &[Source], proto: &BTreeSet<String>) -> Vec<String> {
+    let mut out = Vec::new();
+    for f in files {
+        for line in f.code.lines().map(str::trim) {
+            let line = line.strip_prefix("pub ").unwrap_or(line);
+            let line = line.strip_prefix("pub(crate) ").unwrap_or(line);
+            let Some(name) = ["struct ", "enum "]
+                .iter()
+                .find_map(|k| line.strip_prefix(k))
+            else {
+                continue;
+            };
+            let name: String = name.chars().take_while(|c| c.is_alphanumeric()).collect();
+            if proto.contains(&name) {
+                out.push(format!("src/{}: {name} copies tap.proto's {name}", f.path));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_reports_have_one_schema() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let proto = std::fs::read_to_string(root.join("proto/xdstap/v1/tap.proto")).unwrap();
+    let types = proto_types(&proto);
+    assert!(
+        types.contains("StatusReport") && types.contains("ClientStatus"),
+        "{types:?}"
+    );
+    let found = schema_copies(&sources(), &types);
+    assert!(found.is_empty(), "{}", found.join("\n"));
+    let planted = Source {
+        path: "sinks/board.rs".into(),
+        code: blank("#[derive(Serialize)]\npub struct TypeStatus {\n    state: u8,\n}\n"),
+    };
+    let found = schema_copies(&[planted], &types);
+    assert_eq!(
+        found,
+        ["src/sinks/board.rs: TypeStatus copies tap.proto's TypeStatus"]
+    );
 }
 
 /// Every function in `files` longer than [`LONGEST`] lines: (path:line name, lines).

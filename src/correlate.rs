@@ -206,7 +206,7 @@ pub enum Event {
     Subscribe {
         /// Where, who, what type.
         #[serde(flatten)]
-        at: Context,
+        context: Context,
         /// Names asked for (empty = wildcard).
         names: Vec<String>,
     },
@@ -214,7 +214,7 @@ pub enum Event {
     Resubscribe {
         /// Where, who, what type.
         #[serde(flatten)]
-        at: Context,
+        context: Context,
         /// SotW: the version the client last accepted.
         version: String,
         /// Delta: `initial_resource_versions`.
@@ -226,7 +226,7 @@ pub enum Event {
     SubscriptionChange {
         /// Where, who, what type.
         #[serde(flatten)]
-        at: Context,
+        context: Context,
         /// The names now asked for (SotW), or added (Delta).
         names: Vec<String>,
         /// Names dropped (Delta).
@@ -236,7 +236,7 @@ pub enum Event {
     Push {
         /// Where, who, what type.
         #[serde(flatten)]
-        at: Context,
+        context: Context,
         /// The push.
         push: Arc<Push>,
     },
@@ -244,7 +244,7 @@ pub enum Event {
     Verdict {
         /// Where, who, what type.
         #[serde(flatten)]
-        at: Context,
+        context: Context,
         /// The push.
         push: Arc<Push>,
         /// What became of it.
@@ -267,7 +267,7 @@ pub enum Event {
     Warming {
         /// Where, who; the type is CDS.
         #[serde(flatten)]
-        at: Context,
+        context: Context,
         /// The CDS push's nonce.
         nonce: String,
         /// The CDS push's version.
@@ -279,7 +279,7 @@ pub enum Event {
     StreamEnd {
         /// Where, who.
         #[serde(flatten)]
-        at: Context,
+        context: Context,
         /// grpc-status, when the call ended with one.
         grpc_status: Option<i32>,
         /// How it ended, for humans.
@@ -289,7 +289,7 @@ pub enum Event {
     StaleAnswer {
         /// Where, who, what type.
         #[serde(flatten)]
-        at: Context,
+        context: Context,
         /// The nonce the answer named.
         nonce: String,
         /// The newest open push's nonce, if any.
@@ -301,7 +301,7 @@ pub enum Event {
     UnmatchedAnswer {
         /// Where, who, what type.
         #[serde(flatten)]
-        at: Context,
+        context: Context,
         /// The nonce the answer named.
         nonce: String,
     },
@@ -310,7 +310,7 @@ pub enum Event {
     NonceReused {
         /// Where, who, what type.
         #[serde(flatten)]
-        at: Context,
+        context: Context,
         /// The nonce sent twice.
         nonce: String,
     },
@@ -320,26 +320,26 @@ impl Event {
     /// The node the event is about, as every view names it: its id, or for a client that sent
     /// none, its stream.
     pub fn node_id(&self) -> std::borrow::Cow<'_, str> {
-        let at = self.context();
-        match &at.node {
+        let context = self.context();
+        match &context.node {
             Some(n) if !n.id.is_empty() => std::borrow::Cow::Borrowed(&n.id),
-            _ => format!("(no node id, stream {})", at.stream.stream_id).into(),
+            _ => format!("(no node id, stream {})", context.stream.stream_id).into(),
         }
     }
 
     /// Where, who, what type.
     pub fn context(&self) -> &Context {
         match self {
-            Event::Subscribe { at, .. }
-            | Event::Resubscribe { at, .. }
-            | Event::SubscriptionChange { at, .. }
-            | Event::Push { at, .. }
-            | Event::Verdict { at, .. }
-            | Event::StaleAnswer { at, .. }
-            | Event::UnmatchedAnswer { at, .. }
-            | Event::NonceReused { at, .. }
-            | Event::Warming { at, .. }
-            | Event::StreamEnd { at, .. } => at,
+            Event::Subscribe { context, .. }
+            | Event::Resubscribe { context, .. }
+            | Event::SubscriptionChange { context, .. }
+            | Event::Push { context, .. }
+            | Event::Verdict { context, .. }
+            | Event::StaleAnswer { context, .. }
+            | Event::UnmatchedAnswer { context, .. }
+            | Event::NonceReused { context, .. }
+            | Event::Warming { context, .. }
+            | Event::StreamEnd { context, .. } => context,
         }
     }
 }
@@ -552,9 +552,9 @@ impl Correlator {
 }
 
 /// A verdict event for `push`, decided at `now`.
-fn verdict(at: &Context, push: Arc<Push>, verdict: Verdict, now: Timestamp) -> Event {
+fn verdict(context: &Context, push: Arc<Push>, verdict: Verdict, now: Timestamp) -> Event {
     Event::Verdict {
-        at: at.clone(),
+        context: context.clone(),
         push,
         verdict,
         decided_at: now,
@@ -647,7 +647,7 @@ impl Correlator {
                 self.node = Some(Arc::new(node));
             }
         }
-        let at = self.context(&req.type_url, now);
+        let context = self.context(&req.type_url, now);
         let api = self.api;
         let Some(sub) = self.subscription(&req.type_url) else {
             return;
@@ -658,7 +658,7 @@ impl Correlator {
                 sub.names = req.resource_names.clone();
             }
             if req.response_nonce.is_empty() {
-                let first = first_request(api, at, req);
+                let first = first_request(api, context, req);
                 sub.resumed = matches!(first, Event::Resubscribe { .. });
                 out.push(first);
                 return;
@@ -668,11 +668,11 @@ impl Correlator {
         let decided_from = out.len();
         if !nonce.is_empty() {
             if let Some(k) = sub.open.iter().position(|p| p.nonce == *nonce) {
-                answer(api, sub, k, &at, &req, now, out);
+                answer(api, sub, k, &context, &req, now, out);
             } else {
                 match sub.decided(nonce) {
                     Some(Decided::Superseded) => out.push(Event::StaleAnswer {
-                        at: at.clone(),
+                        context: context.clone(),
                         nonce: nonce.clone(),
                         pending_nonce: sub.open.back().map(|p| p.nonce.clone()).unwrap_or_default(),
                         nack: req.error_detail.is_some(),
@@ -681,7 +681,7 @@ impl Correlator {
                     // RDS) when the names differ, and a harmless repeat otherwise.
                     Some(Decided::Answered) => {}
                     None => out.push(Event::UnmatchedAnswer {
-                        at: at.clone(),
+                        context: context.clone(),
                         nonce: nonce.clone(),
                     }),
                 }
@@ -689,7 +689,7 @@ impl Correlator {
         }
         if sub.names_changed(api, &req.resource_names, &req.unsubscribe) {
             out.push(Event::SubscriptionChange {
-                at,
+                context,
                 names: req.resource_names,
                 unsubscribed: req.unsubscribe,
             });
@@ -703,7 +703,7 @@ impl Correlator {
         if self.ended {
             return;
         }
-        let at = self.context(&resp.type_url, now);
+        let context = self.context(&resp.type_url, now);
         let api = self.api;
         let decided_from = out.len();
         let interner = self.interner.clone();
@@ -742,7 +742,7 @@ impl Correlator {
                 || sub.decided(&push.nonce).is_some())
         {
             out.push(Event::NonceReused {
-                at: at.clone(),
+                context: context.clone(),
                 nonce: push.nonce.clone(),
             });
         }
@@ -762,16 +762,16 @@ impl Correlator {
                 },
             };
             sub.remember(oldest.nonce.clone(), Decided::Superseded);
-            out.push(verdict(&at, oldest, given_up, now));
+            out.push(verdict(&context, oldest, given_up, now));
         }
         sub.open.push_back(push.clone());
         out.push(Event::Push {
-            at: at.clone(),
+            context: context.clone(),
             push: push.clone(),
         });
         self.settle_warming(&mut out[decided_from..]);
         match push.type_url.as_str() {
-            CLUSTER => self.start_warming(&at, &push, out),
+            CLUSTER => self.start_warming(&context, &push, out),
             ENDPOINTS => self.feed_warming(&push, now, out),
             _ => {}
         }
@@ -781,7 +781,7 @@ impl Correlator {
     /// for. Not while the client starts: Envoy holds CDS answers for warming clusters only once
     /// its first clusters are up, so only a client that accepted clusters before (on this
     /// stream, or as it says when it reconnects) waits.
-    fn start_warming(&mut self, at: &Context, push: &Push, out: &mut Vec<Event>) {
+    fn start_warming(&mut self, context: &Context, push: &Push, out: &mut Vec<Event>) {
         let Some(sub) = self.subscribed(CLUSTER) else {
             return;
         };
@@ -796,7 +796,7 @@ impl Correlator {
             self.warming.pop_front();
         }
         out.push(Event::Warming {
-            at: at.clone(),
+            context: context.clone(),
             nonce: push.nonce.clone(),
             version: push.version.clone(),
             clusters: names.clone(),
@@ -815,13 +815,13 @@ impl Correlator {
         }
         let came: std::collections::HashSet<Cow<'_, str>> =
             push.resources.iter().map(|r| r.name).collect();
-        let at = self.context(CLUSTER, now);
+        let context = self.context(CLUSTER, now);
         for w in &mut self.warming {
             let before = w.names.len();
             w.names.retain(|n| !came.contains(n.as_str()));
             if w.names.len() != before {
                 out.push(Event::Warming {
-                    at: at.clone(),
+                    context: context.clone(),
                     nonce: w.nonce.clone(),
                     version: w.version.clone(),
                     clusters: w.names.clone(),
@@ -838,13 +838,13 @@ impl Correlator {
         }
         for e in events {
             if let Event::Verdict {
-                at,
+                context,
                 push,
                 waiting_for,
                 ..
             } = e
             {
-                if at.type_url != CLUSTER {
+                if context.type_url != CLUSTER {
                     continue;
                 }
                 if let Some(k) = self.warming.iter().position(|w| w.nonce == push.nonce) {
@@ -872,7 +872,7 @@ impl Correlator {
         let mut types = std::mem::take(&mut self.types);
         types.sort_by(|a, b| a.0.cmp(&b.0));
         for (type_url, sub) in &mut types {
-            let at = self.context(type_url, now);
+            let context = self.context(type_url, now);
             while let Some(push) = sub.open.pop_front() {
                 let v = match (self.api, sub.open.front()) {
                     (Api::Sotw, Some(next)) => Verdict::Superseded {
@@ -883,14 +883,14 @@ impl Correlator {
                         message: message.into(),
                     },
                 };
-                out.push(verdict(&at, push, v, now));
+                out.push(verdict(&context, push, v, now));
             }
         }
         self.types = types;
         self.settle_warming(&mut out[decided_from..]);
         self.warming.clear();
         out.push(Event::StreamEnd {
-            at: self.context("", now),
+            context: self.context("", now),
             grpc_status,
             message: message.into(),
         });
@@ -899,22 +899,22 @@ impl Correlator {
 
 /// The event of a type's first request with no nonce: a subscription, or a resubscription
 /// stating what the client already has (a reconnect).
-fn first_request(api: Api, at: Context, req: Request) -> Event {
+fn first_request(api: Api, context: Context, req: Request) -> Event {
     match api {
         Api::Sotw if !req.version_info.is_empty() => Event::Resubscribe {
-            at,
+            context,
             version: req.version_info,
             versions: vec![],
             names: req.resource_names,
         },
         Api::Delta if !req.initial_resource_versions.is_empty() => Event::Resubscribe {
-            at,
+            context,
             version: String::new(),
             versions: req.initial_resource_versions,
             names: req.resource_names,
         },
         _ => Event::Subscribe {
-            at,
+            context,
             names: req.resource_names,
         },
     }
@@ -926,7 +926,7 @@ fn answer(
     api: Api,
     sub: &mut Subscription,
     k: usize,
-    at: &Context,
+    context: &Context,
     req: &Request,
     now: Timestamp,
     out: &mut Vec<Event>,
@@ -936,7 +936,7 @@ fn answer(
             let old = sub.open.pop_front().expect("k open pushes before it");
             let by_nonce = sub.open.front().expect("push k").nonce.clone();
             sub.remember(old.nonce.clone(), Decided::Superseded);
-            out.push(verdict(at, old, Verdict::Superseded { by_nonce }, now));
+            out.push(verdict(context, old, Verdict::Superseded { by_nonce }, now));
         }
     }
     let k = if api == Api::Sotw { 0 } else { k };
@@ -982,7 +982,7 @@ fn answer(
     };
     sub.remember(push.nonce.clone(), Decided::Answered);
     out.push(Event::Verdict {
-        at: at.clone(),
+        context: context.clone(),
         push,
         verdict: v,
         decided_at: now,
@@ -1146,13 +1146,13 @@ pub fn mentions(message: &str, name: &str) -> bool {
     }
     let mut start = 0;
     while let Some(i) = message[start..].find(name) {
-        let at = start + i;
-        let before = message[..at].chars().next_back();
-        let after = message[at + name.len()..].chars().next();
+        let pos = start + i;
+        let before = message[..pos].chars().next_back();
+        let after = message[pos + name.len()..].chars().next();
         let boundary_after = match after {
             None => true,
             // A trailing '.' ends a sentence, it does not extend the name.
-            Some('.') => message[at + name.len() + 1..]
+            Some('.') => message[pos + name.len() + 1..]
                 .chars()
                 .next()
                 .is_none_or(|c| !word(c)),
@@ -1161,7 +1161,7 @@ pub fn mentions(message: &str, name: &str) -> bool {
         if before.is_none_or(|c| !word(c)) && boundary_after {
             return true;
         }
-        start = at + name.len().max(1);
+        start = pos + name.len().max(1);
     }
     false
 }

@@ -179,11 +179,11 @@ pub struct LogSink;
 
 impl Sink for LogSink {
     fn on_event(&mut self, event: &Event) {
-        let at = event.context();
-        let node = at.node.as_ref().map(|n| n.id.as_str()).unwrap_or("");
+        let context = event.context();
+        let node = context.node.as_ref().map(|n| n.id.as_str()).unwrap_or("");
         // Values given as `&str` are logged in their Debug form, escaped; those given with `%`
         // (Display) are made printable here.
-        let short = crate::xds::printable(short_type(&at.type_url));
+        let short = crate::xds::printable(short_type(&context.type_url));
         match event {
             Event::Verdict {
                 push,
@@ -202,7 +202,7 @@ impl Sink for LogSink {
             } => {
                 tracing::warn!(
                     xds.node = node,
-                    xds.type_url = %crate::xds::printable(&at.type_url),
+                    xds.type_url = %crate::xds::printable(&context.type_url),
                     xds.version = %crate::xds::printable(&push.version),
                     xds.nonce = %crate::xds::printable(&push.nonce),
                     xds.client_version = client_version.as_deref().unwrap_or(""),
@@ -214,7 +214,7 @@ impl Sink for LogSink {
                     xds.rejected = %crate::xds::printable(&rejected.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(",")),
                     xds.applied = %crate::xds::printable(&applied.join(",")),
                     xds.overtaken_by = overtaken_by.as_deref().unwrap_or(""),
-                    stream = at.stream.stream_id,
+                    stream = context.stream.stream_id,
                     "{short} push NACKed",
                 );
             }
@@ -230,7 +230,7 @@ impl Sink for LogSink {
                     xds.nonce = %crate::xds::printable(&push.nonce),
                     xds.verdict = verdict.name(),
                     xds.waiting_for = %crate::xds::printable(&waiting_for.join(",")),
-                    stream = at.stream.stream_id,
+                    stream = context.stream.stream_id,
                     "{short} push {} while clusters still waited for their endpoints",
                     verdict.name(),
                 );
@@ -243,12 +243,12 @@ impl Sink for LogSink {
             } => {
                 tracing::debug!(
                     xds.node = node,
-                    xds.type_url = %crate::xds::printable(&at.type_url),
+                    xds.type_url = %crate::xds::printable(&context.type_url),
                     xds.version = %crate::xds::printable(&push.version),
                     xds.nonce = %crate::xds::printable(&push.nonce),
                     xds.verdict = verdict.name(),
                     latency_ms = decided_at.saturating_sub(push.at) as f64 / 1e6,
-                    stream = at.stream.stream_id,
+                    stream = context.stream.stream_id,
                     "{short} push {}",
                     verdict.name(),
                 );
@@ -259,7 +259,7 @@ impl Sink for LogSink {
                 nack,
                 ..
             } => {
-                tracing::debug!(xds.node = node, xds.type_url = %crate::xds::printable(&at.type_url), xds.nonce = %crate::xds::printable(nonce),
+                tracing::debug!(xds.node = node, xds.type_url = %crate::xds::printable(&context.type_url), xds.nonce = %crate::xds::printable(nonce),
                     xds.pending_nonce = %crate::xds::printable(pending_nonce), nack, "{short} stale answer");
             }
             Event::Warming {
@@ -269,8 +269,8 @@ impl Sink for LogSink {
                     xds.waiting_for = %crate::xds::printable(&clusters.join(",")), "{short} push warming");
             }
             Event::NonceReused { nonce, .. } => {
-                tracing::debug!(xds.node = node, xds.type_url = %crate::xds::printable(&at.type_url), xds.nonce = %crate::xds::printable(nonce),
-                    stream = at.stream.stream_id, "{short} nonce reused by the control plane");
+                tracing::debug!(xds.node = node, xds.type_url = %crate::xds::printable(&context.type_url), xds.nonce = %crate::xds::printable(nonce),
+                    stream = context.stream.stream_id, "{short} nonce reused by the control plane");
             }
             _ => {}
         }

@@ -85,13 +85,13 @@ fn fleet(kept: usize) -> (usize, usize, usize) {
             resource_errors: vec![],
             resent_rejected: 0,
         });
-        for (i, at) in contexts.iter().enumerate() {
-            let at = Context {
+        for (i, context) in contexts.iter().enumerate() {
+            let context = Context {
                 time: push.at,
-                ..at.clone()
+                ..context.clone()
             };
             view.apply(&Event::Push {
-                at: at.clone(),
+                context: context.clone(),
                 push: push.clone(),
             });
             if i % 100 == 7 {
@@ -112,7 +112,7 @@ fn fleet(kept: usize) -> (usize, usize, usize) {
                 _ => Verdict::Ack,
             };
             view.apply(&Event::Verdict {
-                at,
+                context,
                 push: push.clone(),
                 verdict,
                 decided_at: push.at + (i as u64 % 1000) * 1_000_000,

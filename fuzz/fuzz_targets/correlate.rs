@@ -103,8 +103,8 @@ fuzz_target!(|data: &[u8]| {
                     open_cds.push(push.nonce.clone());
                 }
             }
-            Event::Warming { at, nonce, .. } => {
-                assert_eq!(at.type_url, TYPES[0]);
+            Event::Warming { context, nonce, .. } => {
+                assert_eq!(context.type_url, TYPES[0]);
                 assert!(open_cds.contains(nonce), "warming of a push that went out");
             }
             Event::Verdict { push, .. } => {

@@ -67,14 +67,14 @@ fuzz_target!(|data: &[u8]| {
         "upstream".into(),
     );
     let mut out: [VecDeque<Bytes>; 2] = Default::default();
-    let mut at = [0usize; 2];
+    let mut pos = [0usize; 2];
     let mut round = 0;
-    while at[0] < sides[0].len() || at[1] < sides[1].len() {
+    while pos[0] < sides[0].len() || pos[1] < sides[1].len() {
         for (d, direction) in [Direction::Request, Direction::Response].into_iter().enumerate() {
-            let end = (at[d] + piece + round % 7).min(sides[d].len());
-            if end > at[d] {
-                seen.pass(direction, sides[d].slice(at[d]..end), &mut out[d]);
-                at[d] = end;
+            let end = (pos[d] + piece + round % 7).min(sides[d].len());
+            if end > pos[d] {
+                seen.pass(direction, sides[d].slice(pos[d]..end), &mut out[d]);
+                pos[d] = end;
             }
         }
         round += 1;

@@ -145,8 +145,8 @@ fn watch_event(
     filter: &tap::WatchRequest,
     node_glob: &[char],
 ) -> Option<tap::WatchEvent> {
-    let at = event.context();
-    let node = at.node.as_ref().map(|n| n.id.as_str()).unwrap_or("");
+    let context = event.context();
+    let node = context.node.as_ref().map(|n| n.id.as_str()).unwrap_or("");
     let kind = match event {
         Event::Verdict { verdict, .. } => verdict.name(),
         Event::Warming { .. } => "warming",
@@ -160,23 +160,23 @@ fn watch_event(
         false => filter.kinds.iter().any(|k| k == kind),
     };
     if !kind_wanted
-        || !type_wanted(&filter.types, &at.type_url)
+        || !type_wanted(&filter.types, &context.type_url)
         || !(node_glob.is_empty() || glob_chars(node_glob, node))
     {
         return None;
     }
     let mut w = tap::WatchEvent {
-        time: rfc3339(at.time),
+        time: rfc3339(context.time),
         node: node.to_string(),
-        r#type: short_type(&at.type_url).to_string(),
-        type_url: at.type_url.clone(),
+        r#type: short_type(&context.type_url).to_string(),
+        type_url: context.type_url.clone(),
         kind: kind.to_string(),
-        api: at
+        api: context
             .stream
             .api
             .map(|a| a.as_str().to_string())
             .unwrap_or_default(),
-        stream: at.stream.stream_id,
+        stream: context.stream.stream_id,
         ..Default::default()
     };
     match event {

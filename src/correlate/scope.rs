@@ -122,8 +122,8 @@ fn after<'a>(message: &'a str, prefix: &str) -> Option<&'a str> {
 fn envoy_items(rest: &str, resources: &Resources) -> Vec<Rejected> {
     let names: std::collections::HashSet<String> =
         resources.iter().map(|r| r.name.into_owned()).collect();
-    let item_at = |at: usize| -> Option<&str> {
-        let tail = &rest[at..];
+    let item_at = |pos: usize| -> Option<&str> {
+        let tail = &rest[pos..];
         let end = tail.find(", ").unwrap_or(tail.len());
         let mut found = None;
         let mut from = 0;
@@ -142,19 +142,19 @@ fn envoy_items(rest: &str, resources: &Resources) -> Vec<Rejected> {
     }
     let mut from = 0;
     while let Some(i) = rest[from..].find(", ") {
-        let at = from + i + 2;
-        if let Some(n) = item_at(at) {
-            starts.push((at, n));
+        let pos = from + i + 2;
+        if let Some(n) = item_at(pos) {
+            starts.push((pos, n));
             if starts.len() == MAX_REJECTED {
                 break;
             }
         }
-        from = at;
+        from = pos;
     }
     let mut out: Vec<Rejected> = Vec::with_capacity(starts.len());
-    for (k, &(at, name)) in starts.iter().enumerate() {
+    for (k, &(pos, name)) in starts.iter().enumerate() {
         let end = starts.get(k + 1).map_or(rest.len(), |(next, _)| next - 2);
-        let reason = rest[at + name.len() + 2..end].trim_end();
+        let reason = rest[pos + name.len() + 2..end].trim_end();
         if !out.iter().any(|r| r.name == name) {
             out.push(Rejected {
                 name: name.to_string(),

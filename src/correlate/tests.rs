@@ -92,7 +92,7 @@ fn sotw_subscribe_push_ack() {
     assert_eq!(verdicts(&e), vec![("n1".into(), "ack")]);
     match &e[0] {
         Event::Verdict {
-            at,
+            context,
             client_version,
             decided_at,
             push,
@@ -101,7 +101,7 @@ fn sotw_subscribe_push_ack() {
             assert_eq!(client_version.as_deref(), Some("v1"));
             assert_eq!(*decided_at - push.at, 15);
             // The node from the first request is kept although later requests omit it.
-            assert_eq!(at.node.as_ref().unwrap().id, "sidecar~1");
+            assert_eq!(context.node.as_ref().unwrap().id, "sidecar~1");
         }
         other => panic!("{other:?}"),
     }
@@ -693,10 +693,10 @@ fn warming(events: &[Event]) -> Vec<(String, Vec<String>)> {
             Event::Warming {
                 nonce,
                 clusters,
-                at,
+                context,
                 ..
             } => {
-                assert_eq!(at.type_url, CDS);
+                assert_eq!(context.type_url, CDS);
                 Some((nonce.clone(), clusters.clone()))
             }
             _ => None,

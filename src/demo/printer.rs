@@ -48,9 +48,9 @@ impl Printer {
 
     /// One event on one line (a NACK on three).
     fn line(&self, e: &Event) -> String {
-        let at = e.context();
-        let t = format!("+{:7.3}s", at.time.saturating_sub(self.start) as f64 / 1e9);
-        let ty = short_type(&at.type_url);
+        let context = e.context();
+        let t = format!("+{:7.3}s", context.time.saturating_sub(self.start) as f64 / 1e9);
+        let ty = short_type(&context.type_url);
         match e {
             Event::Subscribe { .. } => format!("{t}  {ty:4} subscribe"),
             Event::Resubscribe { version, .. } => {

@@ -168,19 +168,19 @@ fn verdicts_since(events: &[Event], from: usize) -> Vec<String> {
         .iter()
         .filter_map(|e| match e {
             Event::Verdict {
-                at, push, verdict, ..
+                context, push, verdict, ..
             } => Some(format!(
                 "{} {} {}",
-                short_type(&at.type_url),
+                short_type(&context.type_url),
                 push.version,
                 verdict.name()
             )),
-            Event::StaleAnswer { at, .. } => {
-                Some(format!("{} stale-answer", short_type(&at.type_url)))
+            Event::StaleAnswer { context, .. } => {
+                Some(format!("{} stale-answer", short_type(&context.type_url)))
             }
-            Event::Resubscribe { at, version, .. } => Some(format!(
+            Event::Resubscribe { context, version, .. } => Some(format!(
                 "{} resubscribe {version}",
-                short_type(&at.type_url)
+                short_type(&context.type_url)
             )),
             _ => None,
         })

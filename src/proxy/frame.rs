@@ -280,9 +280,9 @@ impl FrameReader {
     /// nothing more and says why.
     pub fn feed(&mut self, chunk: &Bytes, on: &mut impl FnMut(Frame<'_>)) -> Result<(), Broken> {
         self.last_boundary = None;
-        let mut at = 0;
-        while at < chunk.len() {
-            at = match self.step(chunk, at, on) {
+        let mut pos = 0;
+        while pos < chunk.len() {
+            pos = match self.step(chunk, pos, on) {
                 Ok(next) => next,
                 Err(b) => {
                     self.state = State::Broken(b);
@@ -297,14 +297,14 @@ impl FrameReader {
         }
     }
 
-    /// Consumes what it can from `chunk[at..]`; returns where it stopped.
+    /// Consumes what it can from `chunk[pos..]`; returns where it stopped.
     fn step(
         &mut self,
         chunk: &Bytes,
-        at: usize,
+        pos: usize,
         on: &mut impl FnMut(Frame<'_>),
     ) -> Result<usize, Broken> {
-        let rest = &chunk[at..];
+        let rest = &chunk[pos..];
         match &mut self.state {
             State::Broken(b) => Err(*b),
             State::Preface { have } => {
@@ -318,9 +318,9 @@ impl FrameReader {
                         buf: [0; 9],
                         have: 0,
                     };
-                    self.last_boundary = Some(at + n);
+                    self.last_boundary = Some(pos + n);
                 }
-                Ok(at + n)
+                Ok(pos + n)
             }
             State::Header { buf, have } => {
                 let n = rest.len().min(9 - *have);
@@ -330,19 +330,19 @@ impl FrameReader {
                     let head = Head::parse(buf);
                     self.start(head)?;
                     if head.len == 0 {
-                        self.finish(at + n, on);
+                        self.finish(pos + n, on);
                     }
                 }
-                Ok(at + n)
+                Ok(pos + n)
             }
             State::Payload(p) => {
                 let n = rest.len().min(p.left as usize);
-                let taken = Self::payload(p, &mut self.block, self.max_block, chunk, at, n, on)?;
+                let taken = Self::payload(p, &mut self.block, self.max_block, chunk, pos, n, on)?;
                 p.left -= taken as u32;
                 if p.left == 0 {
-                    self.finish(at + taken, on);
+                    self.finish(pos + taken, on);
                 }
-                Ok(at + taken)
+                Ok(pos + taken)
             }
         }
     }
@@ -381,14 +381,14 @@ impl FrameReader {
         Ok(())
     }
 
-    /// Reads `n` payload octets at `chunk[at..]`, all of them: prefix fields, then the body
+    /// Reads `n` payload octets at `chunk[pos..]`, all of them: prefix fields, then the body
     /// (data slices, block fragments, settings), then padding.
     fn payload(
         p: &mut Payload,
         block: &mut Vec<u8>,
         max_block: usize,
         chunk: &Bytes,
-        at: usize,
+        pos: usize,
         n: usize,
         on: &mut impl FnMut(Frame<'_>),
     ) -> Result<usize, Broken> {
@@ -396,7 +396,7 @@ impl FrameReader {
         let need = p.head.prefix_len();
         if p.prefix_have < need {
             let k = (need - p.prefix_have).min(n);
-            p.prefix[p.prefix_have..p.prefix_have + k].copy_from_slice(&chunk[at..at + k]);
+            p.prefix[p.prefix_have..p.prefix_have + k].copy_from_slice(&chunk[pos..pos + k]);
             p.prefix_have += k;
             i += k;
             if p.prefix_have == need && p.head.padded() {
@@ -412,11 +412,11 @@ impl FrameReader {
         // Body octets left in this frame: what is left minus the padding at its end.
         let body_left = (p.left - i as u32).saturating_sub(p.pad) as usize;
         let k = body_left.min(n - i);
-        let body = &chunk[at + i..at + i + k];
+        let body = &chunk[pos + i..pos + i + k];
         match p.head.kind {
             DATA if k > 0 => on(Frame::Data {
                 stream: p.head.stream,
-                data: chunk.slice(at + i..at + i + k),
+                data: chunk.slice(pos + i..pos + i + k),
             }),
             HEADERS | PUSH_PROMISE | CONTINUATION => {
                 if block.len() + k > max_block {
@@ -526,13 +526,13 @@ mod tests {
         let mut r = FrameReader::new(client, 1024);
         let mut seen: Vec<Seen> = Vec::new();
         let mut result = Ok(());
-        let mut at = 0;
+        let mut pos = 0;
         let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (wire.len() + 1)).collect();
         cuts.sort_unstable();
         cuts.push(wire.len());
         for cut in cuts {
-            let chunk = Bytes::copy_from_slice(&wire[at..cut.max(at)]);
-            at = cut.max(at);
+            let chunk = Bytes::copy_from_slice(&wire[pos..cut.max(pos)]);
+            pos = cut.max(pos);
             result = r.feed(&chunk, &mut |f| {
                 let s = match f {
                     Frame::Data {

@@ -30,7 +30,7 @@ pub async fn first_bytes(mut io: Io, timeout: std::time::Duration) -> Option<Io>
     match tokio::time::timeout(timeout, io.read(&mut first)).await {
         Ok(Ok(n)) if n > 0 => {
             first.truncate(n);
-            Some(Box::new(Prefixed { first, at: 0, io }))
+            Some(Box::new(Prefixed { first, pos: 0, io }))
         }
         _ => None,
     }
@@ -39,7 +39,7 @@ pub async fn first_bytes(mut io: Io, timeout: std::time::Duration) -> Option<Io>
 /// A connection whose first bytes were read already: they are read again first.
 struct Prefixed {
     first: Vec<u8>,
-    at: usize,
+    pos: usize,
     io: Io,
 }
 
@@ -49,14 +49,14 @@ impl AsyncRead for Prefixed {
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<io::Result<()>> {
-        if self.at < self.first.len() {
-            let n = (self.first.len() - self.at).min(buf.remaining());
-            let at = self.at;
-            buf.put_slice(&self.first[at..at + n]);
-            self.at += n;
-            if self.at == self.first.len() {
+        if self.pos < self.first.len() {
+            let n = (self.first.len() - self.pos).min(buf.remaining());
+            let pos = self.pos;
+            buf.put_slice(&self.first[pos..pos + n]);
+            self.pos += n;
+            if self.pos == self.first.len() {
                 self.first = Vec::new();
-                self.at = 0;
+                self.pos = 0;
             }
             return std::task::Poll::Ready(Ok(()));
         }

@@ -220,15 +220,15 @@ impl ConnectionReader {
             Direction::Response => &self.stats().response_bytes,
         };
         ProxyStats::add(counter, chunk.len() as u64);
-        let at = self.readers[1].last_boundary();
-        match (self.goaway_due(direction, false), at) {
-            (Some(goaway), Some(at)) => {
-                if at > 0 {
-                    out.push_back(chunk.slice(..at));
+        let pos = self.readers[1].last_boundary();
+        match (self.goaway_due(direction, false), pos) {
+            (Some(goaway), Some(pos)) => {
+                if pos > 0 {
+                    out.push_back(chunk.slice(..pos));
                 }
                 out.push_back(goaway);
-                if at < chunk.len() {
-                    out.push_back(chunk.slice(at..));
+                if pos < chunk.len() {
+                    out.push_back(chunk.slice(pos..));
                 }
             }
             _ => out.push_back(chunk),

@@ -86,7 +86,7 @@ struct TypeEntry {
 impl TypeEntry {
     /// Applies one event of this type.
     fn apply(&mut self, event: &Event, now: Timestamp) {
-        let at = event.context();
+        let context = event.context();
         self.last_message = self.last_message.max(now);
         if matches!(
             event,
@@ -95,8 +95,8 @@ impl TypeEntry {
             self.subscribed_at.get_or_insert(now);
         }
         self.requested.apply(event);
-        if at.stream.api.is_some() {
-            self.api = at.stream.api;
+        if context.stream.api.is_some() {
+            self.api = context.stream.api;
         }
         match event {
             Event::Resubscribe { version, .. }
@@ -125,7 +125,7 @@ impl TypeEntry {
                 client_version,
                 ..
             } => self.on_verdict(
-                at.stream.api,
+                context.stream.api,
                 push,
                 verdict,
                 *decided_at,
@@ -266,9 +266,9 @@ impl StatusBoard {
     /// Applies one event.
     pub fn apply(&self, event: &Event) {
         let mut board = self.lock();
-        let at = event.context();
-        let now = at.time;
-        let stream = at.stream.stream_id;
+        let context = event.context();
+        let now = context.time;
+        let stream = context.stream.stream_id;
         let key: std::borrow::Cow<'_, str> = match event {
             // A stream that never said who it is leaves no trace.
             Event::StreamEnd { .. } => match board.streams.remove(&stream) {
@@ -302,7 +302,7 @@ impl StatusBoard {
         }
         let node = board.nodes.get_mut(&*key).expect("inserted above");
         node.last_seen = now;
-        if let Some(n) = &at.node {
+        if let Some(n) = &context.node {
             if node.cluster != n.cluster {
                 node.cluster = n.cluster.clone();
             }
@@ -319,10 +319,10 @@ impl StatusBoard {
         }
         node.streams.insert(stream);
         node.disconnected_at = None;
-        if !node.types.contains_key(&at.type_url) {
-            node.types.insert(at.type_url.clone(), TypeEntry::default());
+        if !node.types.contains_key(&context.type_url) {
+            node.types.insert(context.type_url.clone(), TypeEntry::default());
         }
-        let t = node.types.get_mut(&at.type_url).expect("inserted above");
+        let t = node.types.get_mut(&context.type_url).expect("inserted above");
         t.apply(event, now);
     }
 

@@ -101,7 +101,7 @@ impl VerdictRecord {
     /// The record of a verdict event; `None` for other events.
     pub fn from_event(event: &Event) -> Option<VerdictRecord> {
         let Event::Verdict {
-            at,
+            context,
             push,
             verdict,
             decided_at,
@@ -112,7 +112,7 @@ impl VerdictRecord {
         else {
             return None;
         };
-        let node = at.node.as_deref().cloned().unwrap_or_default();
+        let node = context.node.as_deref().cloned().unwrap_or_default();
         let mut r = VerdictRecord {
             time: rfc3339(*decided_at),
             verdict: verdict.kind(),
@@ -121,7 +121,7 @@ impl VerdictRecord {
             user_agent: node.user_agent,
             short_type: short_type(&push.type_url).to_string(),
             type_url: push.type_url.clone(),
-            api: at.stream.api.map_or("", |a| a.as_str()),
+            api: context.stream.api.map_or("", |a| a.as_str()),
             version: push.version.clone(),
             nonce: push.nonce.clone(),
             resources: push.resources.len(),
@@ -147,11 +147,11 @@ impl VerdictRecord {
             waiting_for: waiting_for.iter().take(NAMES_CAP).cloned().collect(),
             grpc_status: None,
             end_message: None,
-            stream: at.stream.stream_id,
-            service: at.stream.service.clone(),
-            method: at.stream.method.clone(),
-            downstream: at.stream.downstream.clone(),
-            upstream: at.stream.upstream.clone(),
+            stream: context.stream.stream_id,
+            service: context.stream.service.clone(),
+            method: context.stream.method.clone(),
+            downstream: context.stream.downstream.clone(),
+            upstream: context.stream.upstream.clone(),
             control_plane: push.control_plane.clone(),
         };
         match verdict {

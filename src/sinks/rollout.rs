@@ -202,7 +202,7 @@ impl Book {
     }
 
     fn on_push(&mut self, event: &Event, settings: &RolloutSettings) {
-        let Event::Push { at, push } = event else {
+        let Event::Push { context, push } = event else {
             return;
         };
         // A heartbeat carries no new content: it counts as no push of its version.
@@ -210,8 +210,8 @@ impl Book {
             return;
         }
         let node = self.intern(&event.node_id(), settings.max_nodes.saturating_mul(2));
-        if self.rollout(&at.type_url, &push.version).is_none() {
-            let type_url = self.intern(&at.type_url, usize::MAX);
+        if self.rollout(&context.type_url, &push.version).is_none() {
+            let type_url = self.intern(&context.type_url, usize::MAX);
             let version = self.intern(&push.version, settings.max_nodes.saturating_mul(4));
             let rollouts = self.types.entry(type_url.clone()).or_default();
             if rollouts.len() >= settings.versions.max(1) {
@@ -231,7 +231,7 @@ impl Book {
                 nacks: Vec::new(),
             });
         }
-        let r = (self.rollout(&at.type_url, &push.version)).expect("made above");
+        let r = (self.rollout(&context.type_url, &push.version)).expect("made above");
         r.last_push = r.last_push.max(push.at);
         let e = r.nodes.entry(node).or_insert(Entry {
             standing: Standing::Pending,
@@ -247,7 +247,7 @@ impl Book {
 
     fn on_verdict(&mut self, event: &Event, settings: &RolloutSettings) {
         let Event::Verdict {
-            at,
+            context,
             push,
             verdict,
             decided_at,
@@ -267,7 +267,7 @@ impl Book {
             _ => None,
         };
         if let Some(v) = running.filter(|v| !v.is_empty()) {
-            self.set_running(&node, &at.type_url, v, settings.max_nodes);
+            self.set_running(&node, &context.type_url, v, settings.max_nodes);
         }
         if self
             .waiting
@@ -276,7 +276,7 @@ impl Book {
         {
             self.waiting.remove(&node);
         }
-        if let Some(r) = self.rollout(&at.type_url, &push.version) {
+        if let Some(r) = self.rollout(&context.type_url, &push.version) {
             r.on_verdict(node, verdict, push.at, *decided_at);
         }
     }
@@ -286,11 +286,11 @@ impl Book {
             Event::Push { .. } => self.on_push(event, settings),
             Event::Verdict { .. } => self.on_verdict(event, settings),
             // A client reconnecting states what it runs: it accepted that version.
-            Event::Resubscribe { at, version, .. } if !version.is_empty() => {
+            Event::Resubscribe { context, version, .. } if !version.is_empty() => {
                 let node = self.intern(&event.node_id(), settings.max_nodes.saturating_mul(2));
-                self.set_running(&node, &at.type_url, version, settings.max_nodes);
+                self.set_running(&node, &context.type_url, version, settings.max_nodes);
                 if let Some(e) =
-                    (self.rollout(&at.type_url, version)).and_then(|r| r.nodes.get_mut(&node))
+                    (self.rollout(&context.type_url, version)).and_then(|r| r.nodes.get_mut(&node))
                 {
                     e.standing = Standing::Acked;
                 }

@@ -487,7 +487,7 @@ impl SpanSink {
 
     fn note_change(&mut self, event: &Event) {
         let Event::SubscriptionChange {
-            at,
+            context,
             names,
             unsubscribed,
         } = event
@@ -499,12 +499,12 @@ impl SpanSink {
         }
         let list = self
             .changes
-            .entry((at.stream.stream_id, at.type_url.clone()))
+            .entry((context.stream.stream_id, context.type_url.clone()))
             .or_default();
         if list.len() < 16 {
             list.push(SpanEvent::new(
                 "xds.subscription_change",
-                time(at.time),
+                time(context.time),
                 vec![
                     KeyValue::new("xds.names", strings(names)),
                     KeyValue::new("xds.unsubscribed", strings(unsubscribed)),

@@ -134,11 +134,11 @@ async fn story(delta: bool) {
     let resub = loop {
         let found = tap.events().into_iter().find_map(|e| match e {
             Event::Resubscribe {
-                at,
+                context,
                 version,
                 versions,
                 ..
-            } if at.type_url == CDS => Some((version, versions)),
+            } if context.type_url == CDS => Some((version, versions)),
             _ => None,
         });
         if let Some(r) = found {

@@ -105,7 +105,9 @@ async fn fifty_control_plane_restarts_under_three_envoys() {
             let resubscribed = tap
                 .events()
                 .iter()
-                .filter(|e| matches!(e, Event::Resubscribe { at, .. } if at.type_url == CDS))
+                .filter(
+                    |e| matches!(e, Event::Resubscribe { context, .. } if context.type_url == CDS),
+                )
                 .count();
             (resubscribed + nodes.len() >= want).then_some(())
         })

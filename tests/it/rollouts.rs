@@ -229,13 +229,13 @@ async fn who_took_each_version_across_a_fix_a_bystander_and_a_restart() {
     let held: Vec<(Vec<String>, u64)> = (tap.events().into_iter())
         .filter_map(|e| match e {
             Event::Verdict {
-                at,
+                context,
                 push,
                 waiting_for,
                 decided_at,
                 ..
-            } if at.type_url == CDS && push.version == "v4" && !waiting_for.is_empty() => {
-                let node = at.node.map(|n| n.id.clone()).unwrap_or_default();
+            } if context.type_url == CDS && push.version == "v4" && !waiting_for.is_empty() => {
+                let node = context.node.map(|n| n.id.clone()).unwrap_or_default();
                 assert_eq!(node, "envoy-2", "only the Delta Envoy waits");
                 Some((waiting_for, (decided_at - push.at) / 1_000_000))
             }

@@ -63,10 +63,10 @@ impl Requested {
                 (names, &[][..], true)
             }
             Event::SubscriptionChange {
-                at,
+                context,
                 names,
                 unsubscribed,
-            } => (names, &unsubscribed[..], at.stream.api != Some(Api::Delta)),
+            } => (names, &unsubscribed[..], context.stream.api != Some(Api::Delta)),
             _ => return,
         };
         if whole {

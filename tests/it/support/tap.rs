@@ -188,14 +188,18 @@ impl XdsTap {
             .into_iter()
             .filter_map(|e| match e {
                 xdstap::correlate::Event::Verdict {
-                    at,
+                    context,
                     push,
                     verdict,
                     client_version,
                     ..
                 } => Some(Verdict {
-                    node: at.node.as_ref().map(|n| n.id.clone()).unwrap_or_default(),
-                    type_url: at.type_url.clone(),
+                    node: context
+                        .node
+                        .as_ref()
+                        .map(|n| n.id.clone())
+                        .unwrap_or_default(),
+                    type_url: context.type_url.clone(),
                     nonce: push.nonce.clone(),
                     version: push.version.clone(),
                     verdict,

@@ -208,10 +208,12 @@ async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> 
         }
         "/rollouts" => {
             let query = req.uri().query();
-            let version = params(query, "version").next();
-            let types: Vec<String> = params(query, "type").collect();
-            let now = crate::sinks::now();
-            json(&admin.rollouts.report(now, version.as_deref(), &types))
+            let ask = crate::api::tap::RolloutsRequest {
+                version: params(query, "version").next().unwrap_or_default(),
+                types: params(query, "type").collect(),
+                every_node: params(query, "every_node").any(|v| v == "true" || v == "1"),
+            };
+            json(&admin.rollouts.report(crate::sinks::now(), &ask))
         }
         "/metrics" => reply(
             StatusCode::OK,
@@ -230,7 +232,7 @@ async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> 
         "/" => reply(
             StatusCode::OK,
             "text/plain",
-            "xdstap admin: /status[?node=ID] /rollouts[?version=V&type=CDS] /metrics /healthz \
+            "xdstap admin: /status[?node=ID] /rollouts[?version=V&type=CDS&every_node=true] /metrics /healthz \
              /readyz; gRPC: xdstap.v1.Tap, envoy.service.status.v3.ClientStatusDiscoveryService\n",
         ),
         _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n"),

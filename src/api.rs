@@ -117,6 +117,7 @@ mod tests {
                 }],
                 ..Default::default()
             }],
+            taps: vec![],
         };
         let json = serde_json::to_value(&report).unwrap();
         assert_eq!(json["nodes"][0]["state"], "NACKED");

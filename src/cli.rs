@@ -3,6 +3,7 @@
 //! its option, flag and value, and exits 64.
 
 pub mod client;
+pub mod fleet;
 pub mod rollout;
 pub mod status;
 pub mod wait;
@@ -20,6 +21,9 @@ pub const EX_USAGE: u8 = 64;
 pub const EX_UNAVAILABLE: u8 = 69;
 /// The tap answered, and knows no node of that id (`xdstap status --node`).
 pub const EX_NO_NODE: u8 = 3;
+/// Some of the taps asked did not answer: what they see is missing (they are named), and the
+/// answer is no all-clear; it stands where the command would otherwise exit 0 (or 3).
+pub const EX_PARTIAL: u8 = 4;
 
 /// A transparent tap between xDS clients (Envoy, proxyless gRPC) and their control plane.
 /// It forwards HTTP/2 unchanged and tells you which proxy accepted or rejected which config push.
@@ -41,26 +45,36 @@ pub enum Command {
     CheckConfig(CheckArgs),
     /// Play the whole story in one process: control plane, tap and a real Envoy, with a bad push.
     Demo(DemoArgs),
-    /// Show which proxies are in sync, like `istioctl proxy-status`, from a running tap's admin
-    /// server. Exits 1 when any node is NACKED or STALE, 69 when the tap cannot be reached.
+    /// Show which proxies are in sync, like `istioctl proxy-status`, from running taps' admin
+    /// servers. Exits 1 when any node is NACKED or STALE, 4 when some tap did not answer, 69
+    /// when none did.
     Status(StatusArgs),
     /// Show who took each version: per type and version, the nodes it was pushed to and how
-    /// each answered, newest first. Exits 1 when any node rejected a version shown or never
-    /// answered it.
+    /// each answered, newest first. Exits 1 when a node rejected or never answered a version
+    /// shown and has not accepted a newer one since, 4 when some tap did not answer.
     Rollout(RolloutArgs),
     /// Wait until every node pushed VERSION has answered it. Exits 0 when all accepted it (or
-    /// moved on to a newer push), 1 on any NACK, 2 on timeout, naming the nodes.
+    /// moved on to a newer push), 1 on any NACK, 2 on timeout, 4 when only the taps that did
+    /// not answer stand in the way, naming the nodes and taps.
     Wait(WaitArgs),
-    /// Print verdicts as they happen, one line each.
+    /// Print verdicts as they happen, one line each, from every tap asked.
     Watch(WatchArgs),
 }
 
-/// Where the tap's admin server is.
+/// Where the taps' admin servers are.
 #[derive(Debug, Args)]
 pub struct AdminArgs {
-    /// The tap's admin address: host:port or unix:/path.
-    #[arg(long, value_name = "ADDR", env = "XDSTAP_ADMIN", default_value = DEFAULT_ADMIN)]
-    pub admin: String,
+    /// A tap's admin address: host:port or unix:/path. Repeat it or separate with commas to ask
+    /// several taps as one; a name that resolves to several addresses (a headless Service)
+    /// stands for each.
+    #[arg(
+        long,
+        value_name = "ADDR",
+        env = "XDSTAP_ADMIN",
+        default_value = DEFAULT_ADMIN,
+        value_delimiter = ','
+    )]
+    pub admin: Vec<String>,
 }
 
 /// `xdstap rollout`.
@@ -69,9 +83,10 @@ pub struct RolloutArgs {
     /// Only this version [default: every version the tap keeps].
     pub version: Option<String>,
     /// Only these types (CDS, LDS, ... or type URLs); repeat or separate with commas.
-    #[arg(long = "type", short = 't', value_name = "TYPE", value_delimiter = ',')]
+    #[arg(long = "type", short = 't', value_name = "TYPE", value_delimiter = ',', value_parser = crate::xds::type_name)]
     pub types: Vec<String>,
-    /// Output: table, wide (every node listed, whole messages) or json.
+    /// Output: table; wide (the nodes behind each version, superseded ones included, whole
+    /// messages); or json.
     #[arg(long, short = 'o', value_name = "FORMAT", default_value = "table")]
     pub output: Output,
     /// Which nodes run this resource from VERSION, which rejected it, and which run it from
@@ -91,7 +106,7 @@ pub struct WaitArgs {
     pub version: String,
     /// Only these types (CDS, LDS, ... or type URLs); repeat or separate with commas
     /// [default: every type pushed VERSION].
-    #[arg(long = "type", short = 't', value_name = "TYPE", value_delimiter = ',')]
+    #[arg(long = "type", short = 't', value_name = "TYPE", value_delimiter = ',', value_parser = crate::xds::type_name)]
     pub types: Vec<String>,
     /// Give up after this long (exit 2).
     #[arg(long, value_name = "DURATION", default_value = "60s")]
@@ -112,7 +127,7 @@ pub struct WatchArgs {
     #[arg(long, value_name = "GLOB")]
     pub node: Option<String>,
     /// Only these types (CDS, LDS, ... or type URLs); repeat or separate with commas.
-    #[arg(long = "type", short = 't', value_name = "TYPE", value_delimiter = ',')]
+    #[arg(long = "type", short = 't', value_name = "TYPE", value_delimiter = ',', value_parser = crate::xds::type_name)]
     pub types: Vec<String>,
     /// Only these kinds; repeat or separate with commas [default: ack, nack, superseded,
     /// unanswered].
@@ -121,7 +136,8 @@ pub struct WatchArgs {
     /// Stop after this many lines.
     #[arg(long, value_name = "N")]
     pub count: Option<u64>,
-    /// Output: table (one line per event) or json (one object per line).
+    /// Output: table (one line per event, NACK messages shortened), wide (whole messages) or
+    /// json (one object per line).
     #[arg(long, short = 'o', value_name = "FORMAT", default_value = "table")]
     pub output: Output,
     /// Where the tap is.
@@ -233,10 +249,7 @@ pub enum Client {
 /// `xdstap status`.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// The tap's admin address: host:port or unix:/path.
-    #[arg(long, value_name = "ADDR", env = "XDSTAP_ADMIN", default_value = DEFAULT_ADMIN)]
-    pub admin: String,
-    /// Show only this node; exits 3 when the tap knows no node of that id.
+    /// Show only this node; exits 3 when no tap knows a node of that id.
     #[arg(long, value_name = "ID")]
     pub node: Option<String>,
     /// List that node's resources one a line (over CSDS): the version whose content it runs,
@@ -244,19 +257,23 @@ pub struct StatusArgs {
     /// expired (DOES_NOT_EXIST because its TTL lapsed).
     #[arg(long, requires = "node")]
     pub resources: bool,
-    /// Output: table, wide (versions sent/accepted per type) or json.
+    /// Output: table; wide (versions sent and accepted per type, user agents, every tap that
+    /// sees a node, whole messages); or json.
     #[arg(long, short = 'o', value_name = "FORMAT", default_value = "table")]
     pub output: Output,
+    /// Where the taps are.
+    #[command(flatten)]
+    pub admin: AdminArgs,
 }
 
-/// How `status` and `rollout` print.
+/// How the client commands print (each command's `--output` says what its wide adds).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Output {
     /// A table.
     Table,
-    /// A table with versions and user agents.
+    /// A table with more in it.
     Wide,
-    /// The report as JSON.
+    /// JSON: the report as the API has it.
     Json,
 }
 
@@ -279,7 +296,12 @@ impl Output {
     }
 }
 
-/// A copy of `report` with every string in it made printable, for a terminal.
+/// Fields that hold a peer's prose (a NACK's message, a stream's end): their line breaks and
+/// indentation are layout, and a table shows them on one line.
+const PROSE: [&str; 4] = ["message", "error", "error_message", "end_message"];
+
+/// A copy of `report` with every string in it made printable, for a terminal; prose fields
+/// ([`PROSE`]) on one line first.
 pub fn printable_copy<T: serde::Serialize + serde::de::DeserializeOwned>(report: &T) -> T {
     fn walk(v: &mut serde_json::Value) {
         match v {
@@ -289,7 +311,16 @@ pub fn printable_copy<T: serde::Serialize + serde::de::DeserializeOwned>(report:
                 }
             }
             serde_json::Value::Array(items) => items.iter_mut().for_each(walk),
-            serde_json::Value::Object(fields) => fields.values_mut().for_each(walk),
+            serde_json::Value::Object(fields) => {
+                for (key, value) in fields.iter_mut() {
+                    if let (true, serde_json::Value::String(s)) =
+                        (PROSE.contains(&key.as_str()), &mut *value)
+                    {
+                        *s = s.split_whitespace().collect::<Vec<_>>().join(" ");
+                    }
+                    walk(value);
+                }
+            }
             _ => {}
         }
     }

@@ -252,7 +252,9 @@ pub enum Event {
         verdict: Verdict,
         /// When it was decided.
         decided_at: Timestamp,
-        /// The version the client said it has (ack/nack).
+        /// The version the client runs after its answer (ack/nack): SotW, the `version_info` it
+        /// said; Delta, whose requests say none, the version of the last push it accepted on
+        /// the stream (none when the tap saw none, or the control plane gave it none).
         client_version: Option<String>,
         /// Ack/nack that came after a newer push of the type went out: that push's nonce.
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -382,6 +384,9 @@ struct Subscription {
     resumed: bool,
     /// The content of the last push the client NACKed, and how often it was pushed again.
     rejected: Option<(u64, u32)>,
+    /// Delta: the version of the last push (in the order they went out) the client accepted
+    /// in whole, and when that push went out.
+    accepted_version: Option<(String, Timestamp)>,
 }
 
 /// What the client runs of one type.
@@ -946,8 +951,19 @@ fn answer(
         Api::Sotw => sub.open.front().map(|p| p.nonce.clone()),
         Api::Delta => None,
     };
+    // Delta requests carry no version: what it runs is what it last accepted.
+    let client_version = match api {
+        Api::Sotw => Some(req.version_info.clone()),
+        Api::Delta if req.error_detail.is_none() => Some(push.version.clone()),
+        Api::Delta => sub.accepted_version.as_ref().map(|(v, _)| v.clone()),
+    };
     let v = match &req.error_detail {
         None => {
+            // Answers to Delta pushes may come in any order; the client applied them in theirs.
+            let later = (sub.accepted_version.as_ref()).is_none_or(|(_, at)| push.at >= *at);
+            if api == Api::Delta && !push.heartbeat() && !push.version.is_empty() && later {
+                sub.accepted_version = Some((push.version.clone(), push.at));
+            }
             sub.accept(api, &push);
             sub.rejected = None;
             Verdict::Ack
@@ -986,7 +1002,7 @@ fn answer(
         push,
         verdict: v,
         decided_at: now,
-        client_version: (api == Api::Sotw).then(|| req.version_info.clone()),
+        client_version: client_version.filter(|v| api == Api::Sotw || !v.is_empty()),
         overtaken_by,
         waiting_for: vec![],
     });

@@ -656,19 +656,38 @@ pub const ENDPOINTS: &str = "type.googleapis.com/envoy.config.endpoint.v3.Cluste
 
 /// Short name of a well-known type, for span names and tables (`CDS`, `EDS`, ...).
 pub fn short_type(type_url: &str) -> &str {
-    match type_url.rsplit('/').next().unwrap_or(type_url) {
-        "envoy.config.cluster.v3.Cluster" => "CDS",
-        "envoy.config.endpoint.v3.ClusterLoadAssignment" => "EDS",
-        "envoy.config.endpoint.v3.LbEndpoint" => "LEDS",
-        "envoy.config.listener.v3.Listener" => "LDS",
-        "envoy.config.route.v3.RouteConfiguration" => "RDS",
-        "envoy.config.route.v3.ScopedRouteConfiguration" => "SRDS",
-        "envoy.config.route.v3.VirtualHost" => "VHDS",
-        "envoy.extensions.transport_sockets.tls.v3.Secret" => "SDS",
-        "envoy.service.runtime.v3.Runtime" => "RTDS",
-        "envoy.config.core.v3.TypedExtensionConfig" => "ECDS",
-        other => other,
+    let message = type_url.rsplit('/').next().unwrap_or(type_url);
+    (SHORT_TYPES.iter())
+        .find(|(_, m)| *m == message)
+        .map_or(message, |(short, _)| short)
+}
+
+/// The types with a short name: (short name, message).
+const SHORT_TYPES: [(&str, &str); 10] = [
+    ("CDS", "envoy.config.cluster.v3.Cluster"),
+    ("EDS", "envoy.config.endpoint.v3.ClusterLoadAssignment"),
+    ("LEDS", "envoy.config.endpoint.v3.LbEndpoint"),
+    ("LDS", "envoy.config.listener.v3.Listener"),
+    ("RDS", "envoy.config.route.v3.RouteConfiguration"),
+    ("SRDS", "envoy.config.route.v3.ScopedRouteConfiguration"),
+    ("VHDS", "envoy.config.route.v3.VirtualHost"),
+    ("SDS", "envoy.extensions.transport_sockets.tls.v3.Secret"),
+    ("RTDS", "envoy.service.runtime.v3.Runtime"),
+    ("ECDS", "envoy.config.core.v3.TypedExtensionConfig"),
+];
+
+/// A type as users name one (`--type`): a short name (`CDS`, any case), a type URL, or a
+/// message's full name (`istio.networking.nds.v1.NameTable`). Otherwise why not.
+pub fn type_name(t: &str) -> Result<String, String> {
+    let short = SHORT_TYPES.iter().any(|(s, _)| s.eq_ignore_ascii_case(t));
+    if short || t.contains('/') || t.contains('.') {
+        return Ok(t.to_string());
     }
+    let shorts: Vec<&str> = SHORT_TYPES.iter().map(|(s, _)| *s).collect();
+    Err(format!(
+        "not a type: one of {}, a type URL or a message name",
+        shorts.join(", ")
+    ))
 }
 
 /// `s` fit for a terminal or a text log: control characters (C0, DEL, C1, and so ESC and

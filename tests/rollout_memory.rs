@@ -124,7 +124,7 @@ fn fleet(kept: usize) -> (usize, usize, usize) {
     }
     let held = LIVE.load(Ordering::Relaxed) - base;
     let peak = PEAK.load(Ordering::Relaxed) - base;
-    let report = view.report(VERSIONS as u64 * s, None, &[]);
+    let report = view.report(VERSIONS as u64 * s, &Default::default());
     let newest = &report.rollouts[0];
     assert_eq!(report.rollouts.len(), kept);
     assert_eq!(newest.pushed, NODES as u64, "counts stay exact");

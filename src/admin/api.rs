@@ -41,9 +41,8 @@ impl tap_server::Tap for TapApi {
         &self,
         request: Request<tap::RolloutsRequest>,
     ) -> Result<Response<tap::RolloutReport>, Status> {
-        let r = request.into_inner();
-        let version = (!r.version.is_empty()).then_some(r.version.as_str());
-        let report = (self.0.rollouts).report(crate::sinks::now(), version, &r.types);
+        let ask = request.into_inner();
+        let report = (self.0.rollouts).report(crate::sinks::now(), &ask);
         Ok(Response::new(report))
     }
 

@@ -20,6 +20,10 @@ use crate::proxy::{AddressError, Endpoint};
 /// How long a connect to the tap may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The largest answer read from a tap: a fleet's rollouts with every node listed, or its CSDS,
+/// run to tens of megabytes (gRPC's default limit is 4 MiB).
+const MAX_ANSWER: usize = 1 << 30;
+
 /// Why the tap could not be asked.
 #[derive(Debug, thiserror::Error)]
 pub enum AskError {
@@ -78,6 +82,7 @@ impl AskError {
 }
 
 /// A connected client of the tap at `admin`.
+#[derive(Clone)]
 pub struct AdminClient {
     /// The generated client.
     pub client: TapClient<Channel>,
@@ -88,12 +93,8 @@ pub struct AdminClient {
 }
 
 impl AdminClient {
-    /// Connects to `admin` (`host:port` or `unix:/path`).
-    pub async fn connect(admin: &str) -> Result<AdminClient, AskError> {
-        let endpoint: Endpoint = (admin.parse()).map_err(|reason| AskError::Address {
-            admin: admin.into(),
-            reason,
-        })?;
+    /// Connects to `endpoint`, named `admin` in messages.
+    pub async fn connect_to(endpoint: &Endpoint, admin: &str) -> Result<AdminClient, AskError> {
         let failed = |e: tonic::transport::Error| {
             // The innermost source says why (refused, no such file).
             let mut why: &dyn std::error::Error = &e;
@@ -105,7 +106,7 @@ impl AdminClient {
                 why: why.to_string(),
             }
         };
-        let channel = match &endpoint {
+        let channel = match endpoint {
             Endpoint::Tcp(a) => {
                 let uri = format!("http://{a}");
                 (Channel::from_shared(uri)
@@ -126,8 +127,9 @@ impl AdminClient {
                 .map_err(failed)?,
         };
         Ok(AdminClient {
-            csds: ClientStatusDiscoveryServiceClient::new(channel.clone()),
-            client: TapClient::new(channel),
+            csds: ClientStatusDiscoveryServiceClient::new(channel.clone())
+                .max_decoding_message_size(MAX_ANSWER),
+            client: TapClient::new(channel).max_decoding_message_size(MAX_ANSWER),
             admin: admin.to_string(),
         })
     }

@@ -5,45 +5,94 @@
 
 use std::process::ExitCode;
 
-use super::client::{block_on, AskError, AdminClient};
-use super::status::{age, landed, one_line};
-use super::{table, RolloutArgs};
+use super::client::{block_on, AskError};
+use super::fleet::{self, Fleet};
+use super::status::{age, landed, not_all, one_line};
+use super::{table, RolloutArgs, EX_PARTIAL};
 use crate::api::tap::{Rollout, RolloutReport, RolloutsRequest};
 
 /// `xdstap rollout`.
 pub fn run(args: &RolloutArgs) -> ExitCode {
+    block_on(rollout(args)).unwrap_or_else(|code| code)
+}
+
+async fn rollout(args: &RolloutArgs) -> ExitCode {
+    let mut taps = match Fleet::resolve(&args.admin.admin).await {
+        Ok(f) => f,
+        Err(e) => return e.exit("rollout"),
+    };
     let version = args.version.as_deref();
     if let (Some(name), Some(v)) = (args.resource.as_deref(), version) {
-        return run_resource(args, name, v);
+        return run_resource(&mut taps, args, name, v).await;
     }
-    let report = match block_on(fetch(&args.admin.admin, version, &args.types)) {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => return e.exit("rollout"),
-        Err(code) => return code,
+    let report = match fetch(&mut taps, version, &args.types).await {
+        Ok(r) => r,
+        Err(e) => return e.exit("rollout"),
     };
-    args.output.print(&report, render);
-    if let (Some(v), true) = (version, report.rollouts.is_empty()) {
-        eprintln!("xdstap rollout: the tap has not seen version {v:?} pushed");
-        return ExitCode::from(1);
+    let partial = fleet::is_partial(&report.taps);
+    if partial {
+        eprintln!("xdstap rollout: {}", not_all(&report.taps));
     }
-    let failed = (report.rollouts.iter()).any(|r| r.nacked > 0 || r.unanswered > 0);
-    ExitCode::from(u8::from(failed))
+    if let (Some(v), true) = (version, report.rollouts.is_empty()) {
+        let kept = match fetch(&mut taps, None, &args.types).await {
+            Ok(all) => versions(&all),
+            Err(_) => String::new(),
+        };
+        eprintln!("xdstap rollout: no tap that answered has seen version {v:?} pushed{kept}");
+        print!("{}", fleet::missing_lines(&report.taps));
+        return ExitCode::from(if partial { EX_PARTIAL } else { 1 });
+    }
+    args.output.print(&report, render);
+    match (is_failing(&report), partial) {
+        (true, _) => ExitCode::from(1),
+        (false, true) => ExitCode::from(EX_PARTIAL),
+        (false, false) => ExitCode::SUCCESS,
+    }
+}
+
+/// `; versions kept: CDS v3, v2; LDS v1` (nothing when none are).
+fn versions(report: &RolloutReport) -> String {
+    let mut by_type: Vec<(&str, Vec<&str>)> = Vec::new();
+    for r in &report.rollouts {
+        match by_type.iter_mut().find(|(t, _)| *t == r.r#type) {
+            Some((_, vs)) => vs.push(&r.version),
+            None => by_type.push((&r.r#type, vec![&r.version])),
+        }
+    }
+    if by_type.is_empty() {
+        return "; it has seen no version pushed".into();
+    }
+    let each: Vec<String> = (by_type.iter())
+        .map(|(t, vs)| format!("{t} {}", vs.join(", ")))
+        .collect();
+    format!("; versions it keeps, newest first: {}", each.join("; "))
+}
+
+/// Whether some node rejected or never answered a version shown and has not accepted a newer
+/// one since: what is wrong now, not what once was.
+pub fn is_failing(report: &RolloutReport) -> bool {
+    (report.rollouts.iter()).any(|r| r.nacked + r.unanswered > r.moved_on)
 }
 
 /// `xdstap rollout V --resource NAME`: which nodes run NAME from V, which rejected V's NAME,
 /// which run it from another version.
-fn run_resource(args: &RolloutArgs, name: &str, version: &str) -> ExitCode {
-    let rows = match block_on(super::status::fetch_resources(&args.admin.admin, None)) {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => return e.exit("rollout"),
-        Err(code) => return code,
+async fn run_resource(taps: &mut Fleet, args: &RolloutArgs, name: &str, version: &str) -> ExitCode {
+    let (rows, answered) = match super::status::fetch_resources(taps, None).await {
+        Ok(r) => r,
+        Err(e) => return e.exit("rollout"),
     };
+    let partial = fleet::is_partial(&answered);
+    if partial {
+        eprintln!("xdstap rollout: {}", not_all(&answered));
+    }
     let text = |r: &serde_json::Value, k: &str| r[k].as_str().unwrap_or("").to_string();
     let wanted = |r: &&serde_json::Value| {
         r["name"] == name
             && (args.types.is_empty()
-                || (args.types.iter())
-                    .any(|t| r["type"] == t.as_str() || r["type_url"] == t.as_str()))
+                || (args.types.iter()).any(|t| {
+                    r["type"].as_str().is_some_and(|s| s.eq_ignore_ascii_case(t))
+                        || r["type_url"] == t.as_str()
+                }))
     };
     let mut table_rows = vec![["NODE", "TYPE", "RUNS", "STATE", "OF VERSION"]
         .iter()
@@ -82,11 +131,12 @@ fn run_resource(args: &RolloutArgs, name: &str, version: &str) -> ExitCode {
     }
     if found.is_empty() {
         eprintln!("xdstap rollout: no node has or asks for a resource named {name:?}");
-        return ExitCode::from(1);
+        print!("{}", fleet::missing_lines(&answered));
+        return ExitCode::from(if partial { EX_PARTIAL } else { 1 });
     }
     let json = serde_json::json!({
         "resource": name, "version": version, "runs": runs, "rejected": rejected,
-        "nodes": found,
+        "nodes": found, "taps": answered,
     });
     match args.output {
         super::Output::Json => println!("{json:#}"),
@@ -103,26 +153,46 @@ fn run_resource(args: &RolloutArgs, name: &str, version: &str) -> ExitCode {
                 "\n{name} from {version}: run by {runs} of {} node(s), rejected by {rejected}",
                 found.len()
             );
+            print!("{}", fleet::missing_lines(&answered));
         }
     }
-    ExitCode::from(u8::from(rejected > 0))
+    match (rejected > 0, partial) {
+        (true, _) => ExitCode::from(1),
+        (false, true) => ExitCode::from(EX_PARTIAL),
+        (false, false) => ExitCode::SUCCESS,
+    }
 }
 
-/// The rollout view of the tap at `admin`.
+/// The rollout view of every tap, as one (with every tap asked, and whether it answered).
 pub async fn fetch(
-    admin: &str,
+    taps: &mut Fleet,
     version: Option<&str>,
     types: &[String],
 ) -> Result<RolloutReport, AskError> {
-    let mut tap = AdminClient::connect(admin).await?;
     let request = RolloutsRequest {
         version: version.unwrap_or("").to_string(),
         types: types.to_vec(),
+        // Several taps' views merge node by node.
+        every_node: taps.count() > 1,
     };
-    match tap.client.rollouts(request).await {
-        Ok(r) => Ok(r.into_inner()),
-        Err(e) => Err(tap.failed(e)),
-    }
+    let answers = (taps.ask(move |mut tap| {
+        let request = request.clone();
+        async move {
+            match tap.client.rollouts(request).await {
+                Ok(r) => Ok(r.into_inner()),
+                Err(e) => Err(tap.failed(e)),
+            }
+        }
+    }))
+    .await;
+    let (mut answers, answered) = fleet::split(answers)?;
+    Ok(match answered.len() {
+        1 => RolloutReport {
+            taps: answered,
+            ..answers.remove(0).1
+        },
+        _ => fleet::rollouts(answers, answered),
+    })
 }
 
 fn ms(v: f64) -> String {
@@ -174,6 +244,7 @@ pub fn render(report: &RolloutReport, wide: bool) -> String {
     for r in &report.rollouts {
         out.push_str(&details(r, wide));
     }
+    out.push_str(&fleet::missing_lines(&report.taps));
     out
 }
 
@@ -211,13 +282,19 @@ pub fn details(r: &Rollout, wide: bool) -> String {
     if behind.is_empty() {
         return out;
     }
-    out.push_str(&format!("\n{name}: nodes that do not run it\n"));
-    let mut rows = vec![["NODE", "STATE", "RUNNING", "FOR", "WAITING FOR"]
-        .iter()
-        .map(|h| h.to_string())
-        .collect::<Vec<_>>()];
+    let moved_on = match r.moved_on {
+        0 => String::new(),
+        n => format!(" ({n} of them rejected or missed it and took a newer version since)"),
+    };
+    out.push_str(&format!("\n{name}: nodes that do not run it{moved_on}\n"));
+    let fan_in = behind.iter().any(|n| !n.tap.is_empty());
+    let mut header = vec!["NODE", "STATE", "RUNNING", "FOR", "WAITING FOR"];
+    if fan_in {
+        header.push("TAP");
+    }
+    let mut rows = vec![header.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
     for n in behind {
-        rows.push(vec![
+        let mut row = vec![
             format!("  {}", n.node),
             n.state.clone(),
             n.running.clone().unwrap_or_else(|| "-".into()),
@@ -226,7 +303,11 @@ pub fn details(r: &Rollout, wide: bool) -> String {
                 true => "-".into(),
                 false => format!("endpoints of {}", n.waiting_for.join(", ")),
             },
-        ]);
+        ];
+        if fan_in {
+            row.push(n.tap.clone());
+        }
+        rows.push(row);
     }
     out.push_str(&table(&rows));
     let listed = r.behind.len() as u64;

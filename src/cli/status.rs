@@ -5,34 +5,84 @@
 
 use std::process::ExitCode;
 
-use super::client::{block_on, AskError, AdminClient};
-use super::{table, StatusArgs};
+use super::client::{block_on, AdminClient, AskError};
+use super::fleet::{self, Fleet};
+use super::{table, StatusArgs, EX_NO_NODE, EX_PARTIAL};
 use crate::api::tap::{NodeStatus, StatusReport, StatusRequest, SyncState, TypeStatus};
 
 /// `xdstap status`: fetch, print, and say by the exit status whether anything needs attention.
 pub fn run(args: &StatusArgs) -> ExitCode {
-    if let (true, Some(node)) = (args.resources, args.node.as_deref()) {
-        return run_resources(&args.admin, node, args.output);
-    }
-    let report = match block_on(fetch(&args.admin, args.node.as_deref())) {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => return e.exit("status"),
-        Err(code) => return code,
+    block_on(status(args)).unwrap_or_else(|code| code)
+}
+
+async fn status(args: &StatusArgs) -> ExitCode {
+    let mut taps = match Fleet::resolve(&args.admin.admin).await {
+        Ok(f) => f,
+        Err(e) => return e.exit("status"),
     };
+    if let (true, Some(node)) = (args.resources, args.node.as_deref()) {
+        return resources(&mut taps, node, args.output).await;
+    }
+    let node = args.node.clone().unwrap_or_default();
+    let answers = (taps.ask(move |mut tap| {
+        let request = StatusRequest { node: node.clone() };
+        async move {
+            match tap.client.status(request).await {
+                Ok(r) => Ok(r.into_inner()),
+                // It answered: it knows no such node.
+                Err(e) if e.code() == tonic::Code::NotFound => Ok(StatusReport::default()),
+                Err(e) => Err(tap.failed(e)),
+            }
+        }
+    }))
+    .await;
+    let report = match fleet::split(answers) {
+        Ok((answers, taps)) => fleet::status(answers, taps),
+        Err(e) => return e.exit("status"),
+    };
+    let partial = fleet::is_partial(&report.taps);
+    if partial {
+        eprintln!("xdstap status: {}", not_all(&report.taps));
+    }
+    if let (Some(id), true) = (args.node.as_deref(), report.nodes.is_empty()) {
+        eprintln!("xdstap status: no tap that answered knows a node {id:?}");
+        return ExitCode::from(if partial { EX_PARTIAL } else { EX_NO_NODE });
+    }
     args.output.print(&report, render);
-    ExitCode::from(u8::from(has_problems(&report)))
+    match (has_problems(&report), partial) {
+        (true, _) => ExitCode::from(1),
+        (false, true) => ExitCode::from(EX_PARTIAL),
+        (false, false) => ExitCode::SUCCESS,
+    }
+}
+
+/// `N of M taps did not answer: A, B`, for standard error.
+pub fn not_all(taps: &[crate::api::tap::TapAnswer]) -> String {
+    let missing: Vec<&str> = (taps.iter())
+        .filter(|t| !t.error.is_empty())
+        .map(|t| t.admin.as_str())
+        .collect();
+    format!(
+        "partial answer: {} of {} taps did not answer ({})",
+        missing.len(),
+        taps.len(),
+        missing.join(", ")
+    )
 }
 
 /// `xdstap status --node N --resources`: one line per resource of N, over CSDS.
-fn run_resources(admin: &str, node: &str, output: super::Output) -> ExitCode {
-    let rows = match block_on(fetch_resources(admin, Some(node))) {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => return e.exit("status"),
-        Err(code) => return code,
+async fn resources(taps: &mut Fleet, node: &str, output: super::Output) -> ExitCode {
+    let (rows, answered) = match fetch_resources(taps, Some(node)).await {
+        Ok(r) => r,
+        Err(e) => return e.exit("status"),
     };
+    let partial = fleet::is_partial(&answered);
+    if partial {
+        eprintln!("xdstap status: {}", not_all(&answered));
+    }
     if rows.is_empty() {
-        eprintln!("xdstap status: the tap knows no resources of node {node:?}");
-        return ExitCode::from(super::EX_NO_NODE);
+        eprintln!("xdstap status: no tap that answered knows resources of node {node:?}");
+        return ExitCode::from(if partial { EX_PARTIAL } else { EX_NO_NODE });
     }
     // DOES_NOT_EXIST with an error: its TTL lapsed, the client dropped it.
     let bad = |r: &serde_json::Value| match r["client"].as_str() {
@@ -42,19 +92,55 @@ fn run_resources(admin: &str, node: &str, output: super::Output) -> ExitCode {
     };
     let problems = rows.iter().any(bad);
     output.print(&ResourceRows(rows), render_resources);
-    ExitCode::from(u8::from(problems))
+    if output != super::Output::Json {
+        print!("{}", fleet::missing_lines(&answered));
+    }
+    match (problems, partial) {
+        (true, _) => ExitCode::from(1),
+        (false, true) => ExitCode::from(EX_PARTIAL),
+        (false, false) => ExitCode::SUCCESS,
+    }
 }
 
-/// The resources of node `node` (or of every node) as CSDS gives them, one JSON object each.
+/// The resources of node `node` (or of every node) as CSDS gives them, one JSON object each,
+/// over every tap: a resource of a node that several taps list is the one updated last. With
+/// every tap asked and whether it answered.
 pub async fn fetch_resources(
-    admin: &str,
+    taps: &mut Fleet,
+    node: Option<&str>,
+) -> Result<(Vec<serde_json::Value>, Vec<crate::api::tap::TapAnswer>), AskError> {
+    let node = node.map(String::from);
+    let answers = (taps.ask(move |tap| {
+        let node = node.clone();
+        async move { csds_rows(tap, node.as_deref()).await }
+    }))
+    .await;
+    let (answers, answered) = fleet::split(answers)?;
+    let mut newest: std::collections::BTreeMap<(String, String, String), serde_json::Value> =
+        Default::default();
+    for (admin, rows) in answers {
+        for mut row in rows {
+            row["tap"] = admin.clone().into();
+            let key = ["node", "type_url", "name"].map(|k| row[k].as_str().unwrap_or("").to_string());
+            let key = (key[0].clone(), key[1].clone(), key[2].clone());
+            let later = |seen: &serde_json::Value| row["last_updated"].as_f64() > seen["last_updated"].as_f64();
+            if newest.get(&key).is_none_or(later) {
+                newest.insert(key, row);
+            }
+        }
+    }
+    Ok((newest.into_values().collect(), answered))
+}
+
+/// One tap's CSDS answer for `node` (or every node), a JSON object per resource.
+async fn csds_rows(
+    mut tap: AdminClient,
     node: Option<&str>,
 ) -> Result<Vec<serde_json::Value>, AskError> {
     use crate::api::csds::{
         string_matcher::MatchPattern, ClientResourceStatus, ClientStatusRequest, ConfigStatus,
         NodeMatcher, StringMatcher,
     };
-    let mut tap = AdminClient::connect(admin).await?;
     let request = ClientStatusRequest {
         node_matchers: (node.into_iter())
             .map(|id| NodeMatcher {
@@ -77,6 +163,8 @@ pub async fn fetch_resources(
     Ok(each
         .map(|(id, g)| {
             let error = g.error_state.as_ref();
+            let updated = (g.last_updated.as_ref())
+                .map_or(0.0, |t| t.seconds as f64 + f64::from(t.nanos) / 1e9);
             serde_json::json!({
                 "node": id,
                 "type": crate::xds::short_type(&g.type_url),
@@ -89,6 +177,7 @@ pub async fn fetch_resources(
                     .map_or("UNKNOWN", |s| s.as_str_name()),
                 "error": error.map(|e| e.details.clone()),
                 "rejected_version": error.map(|e| e.version_info.clone()).filter(|v| !v.is_empty()),
+                "last_updated": updated,
             })
         })
         .collect())
@@ -126,18 +215,6 @@ fn render_resources(ResourceRows(rows): &ResourceRows, wide: bool) -> String {
         ]);
     }
     table(&table_rows)
-}
-
-/// The status board of the tap at `admin` (of one node, or all).
-pub async fn fetch(admin: &str, node: Option<&str>) -> Result<StatusReport, AskError> {
-    let mut tap = AdminClient::connect(admin).await?;
-    let request = StatusRequest {
-        node: node.unwrap_or("").to_string(),
-    };
-    match tap.client.status(request).await {
-        Ok(r) => Ok(r.into_inner()),
-        Err(e) => Err(tap.failed(e)),
-    }
 }
 
 /// An age for people: `45s`, `3m`, `2h`, `4d`.
@@ -199,8 +276,10 @@ fn others(n: &NodeStatus, wide: bool) -> String {
     }
 }
 
-/// A NACK message on one line. Envoy's often carries a multi-line dump of the rejected resource
-/// before the reason, so a long one keeps its head and its tail (the reason) unless `full`.
+/// A NACK message on one line. Envoy's often quotes the rejected resource (a text-format dump,
+/// many lines) before its reason, after ` : `; unless `full`, a long one keeps its head (which
+/// names the resource) and the whole reason, and leaves the dump out. Without that shape, it
+/// keeps its head and its tail.
 pub fn one_line(message: &str, full: bool) -> String {
     let flat = message.split_whitespace().collect::<Vec<_>>().join(" ");
     let chars: Vec<char> = flat.chars().collect();
@@ -208,8 +287,17 @@ pub fn one_line(message: &str, full: bool) -> String {
         return flat;
     }
     let head: String = chars[..80].iter().collect();
-    let tail: String = chars[chars.len() - 200..].iter().collect();
-    format!("{head} ... {tail}")
+    // A text-format dump writes `field: value`; ` : ` is where Envoy puts the reason after it.
+    let reason = (flat.rfind(" : ")).map(|i| &flat[i + 3..]);
+    match reason {
+        Some(r) if r.chars().count() <= 600 && flat.len() - r.len() > 80 => {
+            format!("{head} ... {r}")
+        }
+        _ => {
+            let tail: String = chars[chars.len() - 200..].iter().collect();
+            format!("{head} ... {tail}")
+        }
+    }
 }
 
 /// What of a NACKed push landed, in words: `b rejected; a, c applied` for a partial NACK, a
@@ -238,6 +326,10 @@ pub fn render(report: &StatusReport, wide: bool) -> String {
     if wide {
         header.push("USER AGENT");
     }
+    let fan_in = report.taps.len() > 1;
+    if fan_in {
+        header.push("TAP");
+    }
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
     for n in &report.nodes {
         let mut row = vec![n.id.clone(), n.cluster.clone()];
@@ -252,6 +344,12 @@ pub fn render(report: &StatusReport, wide: bool) -> String {
         });
         if wide {
             row.push(n.user_agent.clone());
+        }
+        if fan_in {
+            row.push(match (wide, n.taps.len()) {
+                (true, _) | (false, 0 | 1) => n.taps.join(", "),
+                (false, k) => format!("{} (+{})", n.taps[0], k - 1),
+            });
         }
         rows.push(row);
     }
@@ -270,6 +368,43 @@ pub fn render(report: &StatusReport, wide: bool) -> String {
             out.push_str(&r);
             out.push('\n');
         }
+    }
+    if wide {
+        out.push_str(&elsewhere(report));
+    }
+    out.push_str(&super::fleet::missing_lines(&report.taps));
+    out
+}
+
+/// The other taps' views of nodes several taps see (older streams), a line each.
+fn elsewhere(report: &StatusReport) -> String {
+    let mut out = String::new();
+    for n in &report.nodes {
+        for other in &n.elsewhere {
+            let types: Vec<String> = (COLUMNS.iter())
+                .filter_map(|c| {
+                    let t = other.types.iter().find(|t| t.r#type == *c)?;
+                    Some(format!("{c} {}", cell(Some(t), true)))
+                })
+                .collect();
+            let connected = match other.connected {
+                true => "connected".to_string(),
+                false => format!(
+                    "disconnected since {}",
+                    other.disconnected_at.as_deref().unwrap_or("?")
+                ),
+            };
+            out.push_str(&format!(
+                "{} as {} sees it ({connected}, last seen {}): {}\n",
+                n.id,
+                other.taps.first().map_or("another tap", String::as_str),
+                other.last_seen,
+                types.join(", ")
+            ));
+        }
+    }
+    if !out.is_empty() {
+        out.insert(0, '\n');
     }
     out
 }
@@ -382,6 +517,17 @@ mod tests {
         let short = one_line(&dump, false);
         assert!(short.len() < 300 && !short.contains('\n'), "{short}");
         assert!(short.starts_with("name: \"b\"") && short.ends_with("validation failed (x)"));
+        // A long reason is kept whole: the field it names sits in its middle.
+        let reason = format!(
+            "Proto constraint validation failed (ClusterValidationError.LoadAssignment: embedded \
+             message failed validation | caused by {} field: value must be greater than 0s)",
+            "ClusterLoadAssignmentValidationError.Endpoints[0] ".repeat(4)
+        );
+        let long = format!("name: \"b\"\n{} : {reason}", "  field {\n  }\n".repeat(40));
+        let short = one_line(&long, false);
+        let whole = one_line(&long, true);
+        let reason = one_line(&reason, true);
+        assert!(short.ends_with(&reason) && short.len() < whole.len() - 300, "{short}");
         assert_eq!(one_line("a\n  b", false), "a b");
         assert!(one_line(&dump, true).len() > 300);
     }

@@ -14,12 +14,14 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use super::client::{block_on, AdminClient};
+use super::client::block_on;
+use super::fleet::{self, Fleet};
 use super::rollout::details;
-use super::WaitArgs;
-use crate::api::tap::{Rollout, RolloutReport, RolloutsRequest};
+use super::status::not_all;
+use super::{WaitArgs, EX_PARTIAL};
+use crate::api::tap::Rollout;
 
-/// How often the tap is asked.
+/// How often the taps are asked.
 const POLL: Duration = Duration::from_millis(100);
 
 /// Where a rollout stands for `wait`.
@@ -49,31 +51,31 @@ pub fn outcome(rollouts: &[Rollout], settle: Duration) -> Outcome {
 
 /// `xdstap wait`.
 pub fn run(args: &WaitArgs) -> ExitCode {
-    match block_on(wait(args)) {
-        Ok(code) => code,
-        Err(code) => code,
-    }
+    block_on(wait(args)).unwrap_or_else(|code| code)
 }
 
 async fn wait(args: &WaitArgs) -> ExitCode {
     let started = Instant::now();
     let deadline = started + args.timeout.0;
-    let mut tap = match AdminClient::connect(&args.admin.admin).await {
-        Ok(t) => t,
+    let mut taps = match Fleet::resolve(&args.admin.admin).await {
+        Ok(f) => f,
         Err(e) => return e.exit("wait"),
     };
-    let request = RolloutsRequest {
-        version: args.version.clone(),
-        types: args.types.clone(),
-    };
     loop {
-        let report: RolloutReport = match tap.client.rollouts(request.clone()).await {
-            Ok(r) => r.into_inner(),
-            Err(e) => return tap.failed(e).exit("wait"),
-        };
+        let report =
+            match super::rollout::fetch(&mut taps, Some(&args.version), &args.types).await {
+                Ok(r) => r,
+                Err(e) => return e.exit("wait"),
+            };
         let report = super::printable_copy(&report);
         let rollouts = &report.rollouts;
-        match outcome(rollouts, args.settle.0) {
+        // A tap that did not answer may hold nodes still to answer: never done without it.
+        let partial = fleet::is_partial(&report.taps);
+        let outcome = match outcome(rollouts, args.settle.0) {
+            Outcome::Accepted if partial => Outcome::Waiting,
+            o => o,
+        };
+        match outcome {
             Outcome::Accepted => {
                 for r in rollouts {
                     println!("{}", summary(r));
@@ -86,31 +88,48 @@ async fn wait(args: &WaitArgs) -> ExitCode {
                     println!("{}", summary(r));
                     print!("{}", details(r, false));
                 }
+                print!("{}", fleet::missing_lines(&report.taps));
                 return ExitCode::from(1);
             }
             Outcome::Waiting if Instant::now() >= deadline => {
-                let waited = humantime(started.elapsed());
-                if rollouts.is_empty() {
-                    eprintln!(
-                        "xdstap wait: timed out after {waited}: version {} was never pushed{}",
-                        args.version,
-                        match args.types.is_empty() {
-                            true => String::new(),
-                            false => format!(" as {}", args.types.join(", ")),
-                        }
-                    );
-                } else {
-                    eprintln!("xdstap wait: timed out after {waited}");
-                }
-                for r in rollouts {
-                    println!("{}", summary(r));
-                    print!("{}", details(r, false));
-                }
-                return ExitCode::from(2);
+                return timed_out(args, started, &report);
             }
             Outcome::Waiting => tokio::time::sleep(POLL).await,
         }
     }
+}
+
+/// What stands in the way at the deadline: 4 when only taps that do not answer do, else 2.
+fn timed_out(args: &WaitArgs, started: Instant, report: &crate::api::tap::RolloutReport) -> ExitCode {
+    let waited = humantime(started.elapsed());
+    let rollouts = &report.rollouts;
+    let partial = fleet::is_partial(&report.taps);
+    let only_taps = partial && outcome(rollouts, args.settle.0) == Outcome::Accepted;
+    if only_taps {
+        eprintln!(
+            "xdstap wait: timed out after {waited}: every tap that answered says version {} is \
+             taken, but {}",
+            args.version,
+            not_all(&report.taps)
+        );
+    } else if rollouts.is_empty() {
+        eprintln!(
+            "xdstap wait: timed out after {waited}: version {} was never pushed{}",
+            args.version,
+            match args.types.is_empty() {
+                true => String::new(),
+                false => format!(" as {}", args.types.join(", ")),
+            }
+        );
+    } else {
+        eprintln!("xdstap wait: timed out after {waited}");
+    }
+    for r in rollouts {
+        println!("{}", summary(r));
+        print!("{}", details(r, false));
+    }
+    print!("{}", fleet::missing_lines(&report.taps));
+    ExitCode::from(if only_taps { EX_PARTIAL } else { 2 })
 }
 
 fn humantime(d: Duration) -> String {

@@ -5,21 +5,52 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use super::client::{block_on, AdminClient};
+use super::fleet::{self, Fleet};
 use super::status::{landed, one_line};
-use super::{Output, WatchArgs, EX_UNAVAILABLE};
+use super::{Output, WatchArgs, EX_PARTIAL, EX_UNAVAILABLE};
 use crate::api::tap::{WatchEvent, WatchRequest};
 
 /// `xdstap watch`.
 pub fn run(args: &WatchArgs) -> ExitCode {
-    match block_on(watch(args)) {
-        Ok(code) => code,
-        Err(code) => code,
+    block_on(watch(args)).unwrap_or_else(|code| code)
+}
+
+/// Each tap's events as they come, interleaved, each marked with its tap; then each tap's end.
+fn interleave(
+    streams: Vec<(String, (AdminClient, tonic::Streaming<WatchEvent>))>,
+) -> tokio::sync::mpsc::Receiver<Seen> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Seen>(256);
+    for (admin, (tap, mut events)) in streams {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            loop {
+                let seen = match events.message().await {
+                    Ok(Some(mut e)) => {
+                        e.tap = admin.clone();
+                        Seen::Event(Box::new(e))
+                    }
+                    Ok(None) => Seen::End(admin.clone(), None),
+                    Err(e) => Seen::End(admin.clone(), Some(tap.failed(e).to_string())),
+                };
+                let end = matches!(seen, Seen::End(..));
+                if tx.send(seen).await.is_err() || end {
+                    return;
+                }
+            }
+        });
     }
+    rx
+}
+
+/// What a tap's watch sends on: an event, or its end (why, when it failed).
+enum Seen {
+    Event(Box<WatchEvent>),
+    End(String, Option<String>),
 }
 
 async fn watch(args: &WatchArgs) -> ExitCode {
-    let mut tap = match AdminClient::connect(&args.admin.admin).await {
-        Ok(t) => t,
+    let mut taps = match Fleet::resolve(&args.admin.admin).await {
+        Ok(f) => f,
         Err(e) => return e.exit("watch"),
     };
     let request = WatchRequest {
@@ -27,32 +58,68 @@ async fn watch(args: &WatchArgs) -> ExitCode {
         types: args.types.clone(),
         kinds: args.verdicts.iter().map(|k| k.name().to_string()).collect(),
     };
-    let mut events = match tap.client.watch(request).await {
-        Ok(r) => r.into_inner(),
-        Err(e) => return tap.failed(e).exit("watch"),
+    let answers = (taps.ask(move |mut tap| {
+        let request = request.clone();
+        async move {
+            match tap.client.watch(request).await {
+                Ok(r) => Ok((tap, r.into_inner())),
+                Err(e) => Err(tap.failed(e)),
+            }
+        }
+    }))
+    .await;
+    let (streams, answered) = match fleet::split(answers) {
+        Ok(s) => s,
+        Err(e) => return e.exit("watch"),
     };
-    eprintln!("xdstap watch: watching the tap at {}", tap.admin);
+    let mut missing = fleet::is_partial(&answered);
+    for t in &answered {
+        match t.error.is_empty() {
+            true => eprintln!("xdstap watch: watching the tap at {}", t.admin),
+            false => eprintln!("xdstap watch: not watching the tap at {}: {}", t.admin, t.error),
+        }
+    }
+    let marked = answered.len() > 1;
+    let mut open = streams.len();
+    let mut rx = interleave(streams);
     let wide = args.output == Output::Wide;
     let mut shown = 0;
     let mut out = std::io::stdout().lock();
     loop {
         if args.count.is_some_and(|n| shown >= n) {
-            return ExitCode::SUCCESS;
+            return ExitCode::from(if missing { EX_PARTIAL } else { 0 });
         }
-        let e = match events.message().await {
-            Ok(Some(e)) => e,
-            Ok(None) => {
-                eprintln!("xdstap watch: the tap at {} ended the watch", tap.admin);
-                return ExitCode::from(EX_UNAVAILABLE);
+        let e = match rx.recv().await {
+            Some(Seen::Event(e)) => e,
+            Some(Seen::End(admin, why)) => {
+                open -= 1;
+                missing = true;
+                let why = why.unwrap_or_else(|| "it ended the watch".into());
+                eprintln!("xdstap watch: the tap at {admin} is gone: {why}");
+                if marked {
+                    // In the output too: what follows lacks that tap's events.
+                    let _ = writeln!(out, "({admin} is gone: events from it are missing from here on)");
+                }
+                if open == 0 {
+                    return ExitCode::from(EX_UNAVAILABLE);
+                }
+                continue;
             }
-            Err(e) => return tap.failed(e).exit("watch"),
+            None => return ExitCode::from(EX_UNAVAILABLE),
         };
         if e.missed > 0 {
             let _ = writeln!(out, "({} events missed: reading too slowly)", e.missed);
         }
         let line = match args.output {
             Output::Json => serde_json::to_string(&e).unwrap_or_default(),
-            _ => crate::xds::printable(&line(&e, wide)).into_owned(),
+            _ => {
+                let line = line(&e, wide);
+                let line = match marked {
+                    true => format!("[{}]  {line}", e.tap),
+                    false => line,
+                };
+                crate::xds::printable(&line).into_owned()
+            }
         };
         // A closed pipe (`| head`) ends the watch quietly.
         if writeln!(out, "{line}").and_then(|_| out.flush()).is_err() {
@@ -82,11 +149,8 @@ pub fn line(e: &WatchEvent, wide: bool) -> String {
     if e.kind == "nack" {
         match landed(&e.nack_scope, &e.rejected, &e.applied) {
             Some(l) if e.nack_scope == "partial" => add(&mut s, l),
-            Some(l) => add(
-                &mut s,
-                format!("{l}, running {}", or_nothing(&e.client_version)),
-            ),
-            None => add(&mut s, format!("running {}", or_nothing(&e.client_version))),
+            Some(l) => add(&mut s, format!("{l}, {}", running(&e.client_version))),
+            None => add(&mut s, running(&e.client_version)),
         }
         add(&mut s, one_line(&e.error_message, wide));
         if !e.suspects.is_empty() && e.nack_scope != "partial" {
@@ -105,11 +169,19 @@ pub fn line(e: &WatchEvent, wide: bool) -> String {
     if !e.end_message.is_empty() {
         add(&mut s, e.end_message.clone());
     }
+    // A NACK waits for nothing: what it names are the endpoints the push would have needed.
     match (e.kind.as_str(), e.waiting_for.is_empty()) {
         ("warming", true) => add(&mut s, "every cluster has its endpoints".into()),
-        (_, false) => add(
+        ("warming" | "pending", false) => add(
             &mut s,
             format!("waiting for endpoints of {}", e.waiting_for.join(", ")),
+        ),
+        ("ack", false) => add(
+            &mut s,
+            format!(
+                "after the fetch timeout, without endpoints of {}",
+                e.waiting_for.join(", ")
+            ),
         ),
         _ => {}
     }
@@ -122,11 +194,11 @@ pub fn line(e: &WatchEvent, wide: bool) -> String {
     s
 }
 
-fn or_nothing(v: &str) -> &str {
-    if v.is_empty() {
-        "nothing"
-    } else {
-        v
+/// What a client runs after a whole NACK: the version it kept, when it said or the tap knows.
+fn running(version: &str) -> String {
+    match version {
+        "" => "running what it ran before".into(),
+        v => format!("running {v}"),
     }
 }
 
@@ -154,6 +226,26 @@ mod tests {
              value must be greater than 0s  [suspects: b]"
         );
         assert_eq!(serde_json::to_value(&e).unwrap()["suspects"][0], "b");
+    }
+
+    /// A NACK waits for nothing, and a client that said no version (Delta) is not said to
+    /// run nothing.
+    #[test]
+    fn a_nack_neither_waits_nor_runs_nothing() {
+        let e = WatchEvent {
+            kind: "nack".into(),
+            version: "v2".into(),
+            error_message: "bad".into(),
+            waiting_for: vec!["backend".into()],
+            ..Default::default()
+        };
+        let l = line(&e, false);
+        assert!(!l.contains("waiting for") && l.contains("running what it ran before"), "{l}");
+        let late = WatchEvent {
+            kind: "ack".into(),
+            ..e
+        };
+        assert!(line(&late, false).contains("after the fetch timeout, without endpoints of backend"));
     }
 
     #[test]

@@ -394,9 +394,11 @@ fn delta_answers_each_nonce_and_blames_within_the_push() {
             verdict: Verdict::Nack {
                 suspects, changed, ..
             },
-            client_version: None,
+            client_version: Some(running),
             ..
         }] => {
+            // Delta says no version: the client runs the last push it accepted, in push order.
+            assert_eq!(running, "v2");
             assert_eq!(suspects, &vec!["bad".to_string()]);
             assert_eq!(changed, &vec!["a".to_string(), "bad".into()]);
         }

@@ -274,7 +274,11 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<Outcome> {
     // The status and rollout views, as `xdstap status` and `xdstap rollout` would show them,
     // then the spans flushed.
     let report = status.report(crate::sinks::now(), None);
-    let rollouts = rollouts.report(crate::sinks::now(), None, &["CDS".into()]);
+    let ask = crate::api::tap::RolloutsRequest {
+        types: vec!["CDS".into()],
+        ..Default::default()
+    };
+    let rollouts = rollouts.report(crate::sinks::now(), &ask);
     drop(stage.envoy.take());
     if let Some(b) = builtin {
         b.abort();

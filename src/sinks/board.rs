@@ -407,7 +407,7 @@ impl StatusBoard {
                     last_seen: rfc3339(n.last_seen),
                     disconnected_at: n.disconnected_at.map(rfc3339),
                     types,
-                    resources: Vec::new(),
+                    ..Default::default()
                 }
             })
             .collect();
@@ -416,6 +416,7 @@ impl StatusBoard {
             generated_at: rfc3339(now),
             stale_after_seconds: self.settings.stale_after.as_secs_f64(),
             nodes,
+            taps: Vec::new(),
         }
     }
 

@@ -75,6 +75,8 @@ struct Entry {
     latency_us: u32,
     /// When the node was (last) pushed this version.
     pushed_at: Timestamp,
+    /// Nacked: its NACK group, counted from 1 (0: none).
+    group: u8,
 }
 
 /// The NACKs of one rollout with one message.
@@ -139,7 +141,7 @@ pub struct Rollouts {
 
 /// A message with its run-to-run noise taken out, to group NACKs by: Envoy's messages can embed
 /// a debug marker (`goo.gle/debugonly`, `goo.gle/debugproto`, ...) and varying spacing.
-fn group_key(message: &str) -> String {
+pub fn group_key(message: &str) -> String {
     message
         .split_whitespace()
         .filter(|w| !w.starts_with("goo.gle/debug"))
@@ -237,6 +239,7 @@ impl Book {
             standing: Standing::Pending,
             latency_us: 0,
             pushed_at: push.at,
+            group: 0,
         });
         // A node that runs the version stays on it; any other, pushed it again, waits again.
         if e.standing != Standing::Acked {
@@ -338,20 +341,24 @@ impl Rollouts {
         self.lock().apply(event, &self.settings);
     }
 
-    /// The rollouts (of one version, of some types, or all), newest first, as of `now`.
-    pub fn report(&self, now: Timestamp, version: Option<&str>, types: &[String]) -> RolloutReport {
+    /// The rollouts `ask` asks for (of one version, of some types, or all; with every node or
+    /// not), newest first, as of `now`.
+    pub fn report(&self, now: Timestamp, ask: &tap::RolloutsRequest) -> RolloutReport {
         let book = self.lock();
+        let version = Some(ask.version.as_str()).filter(|v| !v.is_empty());
         let mut all: Vec<&Progress> = (book.types.iter())
-            .filter(|(url, _)| type_wanted(types, url))
+            .filter(|(url, _)| type_wanted(&ask.types, url))
             .flat_map(|(_, rs)| rs.iter())
             .filter(|r| version.is_none_or(|v| v == &*r.version))
             .collect();
         all.sort_by_key(|r| std::cmp::Reverse((r.first_push, r.seq)));
+        let listed = self.settings.listed;
         RolloutReport {
             generated_at: rfc3339(now),
             rollouts: (all.into_iter())
-                .map(|r| r.status(&book, now, self.settings.listed))
+                .map(|r| r.status(&book, now, listed, ask.every_node))
                 .collect(),
+            taps: Vec::new(),
         }
     }
 }
@@ -396,7 +403,11 @@ impl Progress {
             return;
         };
         let latency_us = (decided.saturating_sub(pushed) / 1_000).min(u32::MAX as u64) as u32;
-        let answered = Entry { latency_us, ..e };
+        let answered = Entry {
+            latency_us,
+            group: 0,
+            ..e
+        };
         let new = match verdict {
             Verdict::Ack => Entry {
                 standing: Standing::Acked,
@@ -415,6 +426,7 @@ impl Progress {
                 };
                 Entry {
                     standing,
+                    group: i as u8 + 1,
                     ..answered
                 }
             }
@@ -435,7 +447,17 @@ impl Progress {
         self.nodes.insert(node, new);
     }
 
-    fn status(&self, book: &Book, now: Timestamp, listed: usize) -> tap::Rollout {
+    /// Whether `node` accepted a version of this type pushed after this one.
+    fn moved_on(&self, book: &Book, node: &str) -> bool {
+        let Some(all) = book.types.get(&self.type_url) else {
+            return false;
+        };
+        (all.iter())
+            .filter(|r| r.seq > self.seq)
+            .any(|r| (r.nodes.get(node)).is_some_and(|e| e.standing == Standing::Acked))
+    }
+
+    fn status(&self, book: &Book, now: Timestamp, listed: usize, every_node: bool) -> tap::Rollout {
         let count = |s: Standing| self.nodes.values().filter(|e| e.standing == s).count() as u64;
         let mut latencies: Vec<u32> = (self.nodes.values())
             .filter(|e| {
@@ -465,8 +487,26 @@ impl Progress {
             .map(|(id, _)| &**id)
             .collect();
         acked.sort_unstable();
-        let mut nacks: Vec<&NackTally> = self.nacks.iter().collect();
-        nacks.sort_by_key(|g| std::cmp::Reverse(g.nodes));
+        // The groups as reported, most nodes first; `place[i]` is where group i went, from 1.
+        let mut order: Vec<usize> = (0..self.nacks.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(self.nacks[i].nodes));
+        let mut place = vec![0u32; order.len()];
+        for (at_place, &i) in order.iter().enumerate() {
+            place[i] = at_place as u32 + 1;
+        }
+        let moved_on = (self.nodes.iter())
+            .filter(|(_, e)| {
+                matches!(
+                    e.standing,
+                    Standing::Nacked | Standing::Partial | Standing::Unanswered
+                )
+            })
+            .filter(|(id, _)| self.moved_on(book, id))
+            .count() as u64;
+        let nodes = match every_node {
+            false => Vec::new(),
+            true => self.every_node(book, now, &place),
+        };
         tap::Rollout {
             r#type: short_type(&self.type_url).to_string(),
             type_url: self.type_url.to_string(),
@@ -489,7 +529,9 @@ impl Progress {
                 .map(|(id, e)| self.standing(book, id, e, now))
                 .collect(),
             acked_nodes: acked.into_iter().take(listed).map(String::from).collect(),
-            nacks: (nacks.into_iter())
+            moved_on,
+            nodes,
+            nacks: (order.iter().map(|&i| &self.nacks[i]))
                 .map(|g| tap::NackGroup {
                     message: g.message.clone(),
                     nodes: g.nodes,
@@ -503,6 +545,28 @@ impl Progress {
         }
     }
 
+    /// Every node pushed this version, by id, with its answer's latency and its NACK group
+    /// (`place[i]`: where group i is reported, from 1).
+    fn every_node(&self, book: &Book, now: Timestamp, place: &[u32]) -> Vec<tap::RolloutNode> {
+        let mut all: Vec<_> = self.nodes.iter().collect();
+        all.sort_by(|a, b| a.0.cmp(b.0));
+        (all.into_iter())
+            .map(|(id, e)| {
+                let mut n = self.standing(book, id, e, now);
+                let answered = matches!(
+                    e.standing,
+                    Standing::Acked | Standing::Nacked | Standing::Partial
+                );
+                n.latency_ms = answered.then(|| e.latency_us as f64 / 1000.0);
+                n.nack_group = match e.group {
+                    0 => 0,
+                    g => place[g as usize - 1],
+                };
+                n
+            })
+            .collect()
+    }
+
     fn standing(&self, book: &Book, id: &str, e: &Entry, now: Timestamp) -> tap::RolloutNode {
         let waiting = (book.waiting.get(id))
             .filter(|w| e.standing == Standing::Pending && *w.version == *self.version);
@@ -513,6 +577,7 @@ impl Progress {
             pushed_at: rfc3339(e.pushed_at),
             waiting_seconds: now.saturating_sub(e.pushed_at) as f64 / 1e9,
             waiting_for: waiting.map(|w| w.clusters.clone()).unwrap_or_default(),
+            ..Default::default()
         }
     }
 }

@@ -164,7 +164,7 @@ async fn envoy_cds_version(envoy: &Envoy) -> String {
 }
 
 async fn report(admin: &str) -> StatusReport {
-    xdstap::cli::status::fetch(admin, None).await.unwrap()
+    support::status(admin).await
 }
 
 fn cds(r: &StatusReport) -> TypeStatus {

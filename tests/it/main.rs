@@ -14,6 +14,7 @@ mod decode;
 mod envoy_forward;
 mod failover;
 mod faults;
+mod fleet;
 mod late_answers;
 mod layout;
 mod load;

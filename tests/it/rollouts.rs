@@ -154,6 +154,18 @@ async fn who_took_each_version_across_a_fix_a_bystander_and_a_restart() {
     let cells: Vec<&str> = row.split_whitespace().collect();
     assert_eq!(&cells[..6], ["CDS", "v2", "3", "2", "1", "0"], "{out}");
     assert!(out.contains("envoy-3") && out.contains("nacked"), "{out}");
+    // A version the tap never saw: said so, with the versions it keeps; an unknown type is a
+    // usage error naming the flag.
+    let (code, out, err) = xdstap(&["rollout", "--admin", &admin, "v99", "-t", "CDS"]).await;
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.is_empty(), "no empty table: {out}");
+    assert!(
+        err.contains("has seen version \"v99\" pushed; versions it keeps, newest first: CDS v2, "),
+        "{err}"
+    );
+    let (code, _, err) = xdstap(&["rollout", "--admin", &admin, "-t", "XDS"]).await;
+    assert_eq!(code, 64, "{err}");
+    assert!(err.contains("'XDS'") && err.contains("--type"), "{err}");
     let (code, out, _) = xdstap(&["rollout", "--admin", &admin, "v1", "-o", "json"]).await;
     assert_eq!(code, 0, "everyone took v1");
     let v1: RolloutReport = serde_json::from_str(&out).unwrap();

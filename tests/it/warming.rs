@@ -27,7 +27,7 @@ fn cds(r: &StatusReport) -> Option<TypeStatus> {
 async fn status_until(admin: &str, what: &str, f: impl Fn(&TypeStatus) -> bool) -> TypeStatus {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let r = xdstap::cli::status::fetch(admin, None).await.unwrap();
+        let r = crate::support::status(admin).await;
         if let Some(t) = cds(&r).filter(|t| f(t)) {
             return t;
         }
@@ -58,12 +58,10 @@ async fn a_cds_push_held_for_endpoints_that_never_come() {
         t.state() == SyncState::Synced && t.version_accepted.as_deref() == Some("v1")
     })
     .await;
-    assert!(
-        cds(&xdstap::cli::status::fetch(&tap.admin, None).await.unwrap())
-            .unwrap()
-            .waiting_for
-            .is_empty()
-    );
+    assert!(cds(&crate::support::status(&tap.admin).await)
+        .unwrap()
+        .waiting_for
+        .is_empty());
 
     // v2 adds cluster `w`; the control plane has no endpoints for it.
     let v2 =

@@ -90,7 +90,12 @@ impl<'a> Client<'a> {
 }
 
 fn one(view: &Rollouts, now: u64, version: &str) -> tap::Rollout {
-    let mut r = view.report(now, Some(version), &[]).rollouts;
+    let ask = tap::RolloutsRequest {
+        version: version.into(),
+        every_node: true,
+        ..Default::default()
+    };
+    let mut r = view.report(now, &ask).rollouts;
     assert_eq!(r.len(), 1, "{r:?}");
     r.remove(0)
 }
@@ -154,8 +159,31 @@ fn who_acked_who_nacked_and_who_was_never_pushed() {
     assert_eq!(r.latency_p50_ms, 2000.0);
     let v1 = one(&view, 15 * S, "v1");
     assert_eq!((v1.pushed, v1.acked), (3, 3));
-    assert_eq!(view.report(15 * S, None, &["LDS".into()]).rollouts.len(), 0);
-    assert_eq!(view.report(15 * S, None, &["cds".into()]).rollouts.len(), 2);
+    let of_type = |t: &str| tap::RolloutsRequest {
+        types: vec![t.into()],
+        ..Default::default()
+    };
+    assert_eq!(view.report(15 * S, &of_type("LDS")).rollouts.len(), 0);
+    assert_eq!(view.report(15 * S, &of_type("cds")).rollouts.len(), 2);
+    // Every node, acked ones too, with its answer's latency and its NACK group.
+    let nodes: Vec<(&str, &str, Option<f64>, u32)> = (r.nodes.iter())
+        .map(|n| (n.node.as_str(), n.state.as_str(), n.latency_ms, n.nack_group))
+        .collect();
+    assert_eq!(
+        nodes,
+        [
+            ("a", "acked", Some(1000.0), 0),
+            ("b", "nacked", Some(2000.0), 1),
+            ("c", "nacked", Some(4000.0), 1)
+        ]
+    );
+    assert_eq!(r.moved_on, 0);
+    // b takes v3: done with v2, which c still has not left.
+    b.push("v3", "3", &["x"], 16 * S);
+    b.answer("v3", "3", None, 17 * S);
+    let r = one(&view, 18 * S, "v2");
+    assert_eq!((r.nacked, r.moved_on), (2, 1));
+    assert!(view.report(18 * S, &Default::default()).rollouts[0].nodes.is_empty());
 }
 
 #[test]
@@ -217,7 +245,7 @@ fn versions_are_bounded_and_their_strings_go_with_them() {
             c.answer(&version, &nonce, None, v * S + 1);
         }
     }
-    let versions: Vec<String> = (view.report(10 * S, None, &[]).rollouts.into_iter())
+    let versions: Vec<String> = (view.report(10 * S, &Default::default()).rollouts.into_iter())
         .map(|r| r.version)
         .collect();
     assert_eq!(versions, ["v9", "v8", "v7"]);

@@ -17,6 +17,10 @@
 //!    with Istio-like names (about 100 bytes a cluster), then a second version changing every
 //!    cluster, each answered: the proxy's RSS over idle per stream after each version.
 //!
+//! Columns on request (`SIDEBYSIDE_ONLY` names them): `xdstap-2t`, the tap with two worker
+//! threads; `xdstap-admin`, with its admin address on; `xdstap-pages`, that and its live page
+//! open in ten headless Chromiums (Debian's, `scripts/install-chromium`).
+//!
 //! Run: `scripts/bench` (installs socat and nghttp2 if missing, then
 //! `cargo bench --bench sidebyside`). Under `cargo test` it runs a small smoke version.
 
@@ -335,10 +339,16 @@ struct Proxy {
     addr: String,
     child: Option<Child>,
     dir: PathBuf,
+    /// "xdstap-pages": ten headless Chromiums, each with the tap's live page open.
+    pages: Vec<Child>,
 }
 
 impl Drop for Proxy {
     fn drop(&mut self) {
+        for mut b in self.pages.drain(..) {
+            let _ = b.kill();
+            let _ = b.wait();
+        }
         if let Some(c) = self.child.as_mut() {
             // SIGINT first: perf (when profiling) writes its data on it.
             let _ = Command::new("kill")
@@ -425,9 +435,12 @@ fn start(name: &'static str, upstream: &str, otlp: &str) -> Proxy {
             addr: upstream.into(),
             child: None,
             dir,
+            pages: Vec::new(),
         };
     }
     let port = free_port();
+    let admin = matches!(name, "xdstap-admin" | "xdstap-pages")
+        .then(|| format!("127.0.0.1:{}", free_port()));
     let upstream_port: u16 = upstream.rsplit(':').next().unwrap().parse().unwrap();
     let child = match name {
         "l4-relay" => Command::new(std::env::current_exe().unwrap())
@@ -456,8 +469,10 @@ fn start(name: &'static str, upstream: &str, otlp: &str) -> Proxy {
                 .spawn()
                 .expect("envoy (scripts/install-envoy)")
         }
-        "xdstap" | "before" => {
-            // "before": another build of xdstap (SIDEBYSIDE_BEFORE=PATH), same flags.
+        "xdstap" | "before" | "xdstap-2t" | "xdstap-admin" | "xdstap-pages" => {
+            // "before": another build of xdstap (SIDEBYSIDE_BEFORE=PATH), same flags;
+            // "xdstap-2t": this tree with two worker threads; "xdstap-admin": with its admin
+            // address on; "xdstap-pages": that, and the live page open in ten Chromiums.
             let bin = match name {
                 "before" => PathBuf::from(std::env::var("SIDEBYSIDE_BEFORE").unwrap()),
                 _ => PathBuf::from(env!("CARGO_BIN_EXE_xdstap")),
@@ -478,39 +493,43 @@ fn start(name: &'static str, upstream: &str, otlp: &str) -> Proxy {
                 }
                 _ => Command::new(&bin),
             };
+            c.args(["run", "--listen", &format!("127.0.0.1:{port}")]);
+            if name == "xdstap-2t" {
+                c.args(["--threads", "2"]);
+            }
+            // SIDEBYSIDE_TAP_THREADS=N: the tap's worker threads (`run --threads N`).
             if let Ok(n) = std::env::var("SIDEBYSIDE_TAP_THREADS") {
                 match name {
                     "before" => c.env("TOKIO_WORKER_THREADS", n),
                     _ => c.args(["--threads", &n]),
                 };
             }
-            c.args(["run", "--listen", &format!("127.0.0.1:{port}")])
-                .args([
-                    "--upstream",
-                    upstream,
-                    "--admin",
-                    "off",
-                    "--log-level",
-                    "error",
-                ])
-                // SIDEBYSIDE_OTLP replaces the span endpoint ("none": no export), to compare a
-                // live, a dead and no backend.
-                .args(match std::env::var("SIDEBYSIDE_OTLP").as_deref() {
-                    Ok("none") => vec![],
-                    Ok(other) => vec!["--otlp-endpoint".to_string(), other.to_string()],
-                    Err(_) => vec!["--otlp-endpoint".to_string(), otlp.to_string()],
-                })
-                .args(["--otlp-protocol", "grpc"])
-                // SIDEBYSIDE_TAP_ARGS adds flags, e.g. "--threads 2".
-                .args(
-                    std::env::var("SIDEBYSIDE_TAP_ARGS")
-                        .unwrap_or_default()
-                        .split_whitespace(),
-                )
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap()
+            c.args([
+                "--upstream",
+                upstream,
+                "--admin",
+                admin.as_deref().unwrap_or("off"),
+                "--log-level",
+                "error",
+            ])
+            // SIDEBYSIDE_OTLP replaces the span endpoint ("none": no export), to compare a
+            // live, a dead and no backend.
+            .args(match std::env::var("SIDEBYSIDE_OTLP").as_deref() {
+                Ok("none") => vec![],
+                Ok(other) => vec!["--otlp-endpoint".to_string(), other.to_string()],
+                Err(_) => vec!["--otlp-endpoint".to_string(), otlp.to_string()],
+            })
+            .args(["--otlp-protocol", "grpc"])
+            // SIDEBYSIDE_TAP_ARGS adds flags, e.g. "--threads 2".
+            .args(
+                std::env::var("SIDEBYSIDE_TAP_ARGS")
+                    .unwrap_or_default()
+                    .split_whitespace(),
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
         }
         other => panic!("unknown proxy {other}"),
     };
@@ -520,11 +539,70 @@ fn start(name: &'static str, upstream: &str, otlp: &str) -> Proxy {
         assert!(Instant::now() < deadline, "{name} did not start listening");
         std::thread::sleep(Duration::from_millis(20));
     }
+    let pages = match (name, admin) {
+        ("xdstap-pages", Some(a)) => open_pages(&a, &dir),
+        _ => Vec::new(),
+    };
     Proxy {
         name,
         addr,
         child: Some(child),
         dir,
+        pages,
+    }
+}
+
+/// The live page at `admin` open in ten headless Chromiums (headless mode opens one page per
+/// process), once each holds its `/events` stream.
+fn open_pages(admin: &str, dir: &std::path::Path) -> Vec<Child> {
+    let url = format!("http://{admin}/");
+    let pages: Vec<Child> = (0..10)
+        .map(|i| {
+            Command::new(std::env::var("CHROMIUM").unwrap_or_else(|_| "chromium".into()))
+                .args([
+                    "--headless",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--no-first-run",
+                    "--disable-background-networking",
+                    "--disable-component-update",
+                    "--disable-sync",
+                    "--remote-debugging-port=0",
+                ])
+                .arg(format!(
+                    "--user-data-dir={}",
+                    dir.join(format!("chromium-{i}")).display()
+                ))
+                .arg(&url)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("chromium (scripts/install-chromium)")
+        })
+        .collect();
+    let port = admin.rsplit(':').next().unwrap_or("0");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let open = Command::new("ss")
+            .args([
+                "-Htn",
+                "state",
+                "established",
+                "dport",
+                "=",
+                &format!(":{port}"),
+            ])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
+            .unwrap_or(0);
+        if open >= 10 {
+            return pages;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ten pages did not open: {open} connections"
+        );
+        std::thread::sleep(Duration::from_millis(200));
     }
 }
 
@@ -589,8 +667,14 @@ async fn one_stream(p: &Proxy, size: usize, count: usize) -> (f64, Option<f64>) 
     (bytes as f64 / secs / 1e6, cpu)
 }
 
-/// Workload 2: `streams` streams (one connection each) doing `rounds` 16 KiB round trips.
-async fn many_streams(p: &Proxy, cp: &CpStats, streams: usize, rounds: usize) -> (f64, u64, u64) {
+/// Workload 2: `streams` streams (one connection each) doing `rounds` 16 KiB round trips:
+/// pushes per second, push-to-answer p50 and p99 (µs), and the proxy's CPU per push (µs).
+async fn many_streams(
+    p: &Proxy,
+    cp: &CpStats,
+    streams: usize,
+    rounds: usize,
+) -> (f64, u64, u64, Option<f64>) {
     let mut opened = Vec::new();
     for _ in 0..streams {
         let client = connect(&p.addr).await;
@@ -599,6 +683,7 @@ async fn many_streams(p: &Proxy, cp: &CpStats, streams: usize, rounds: usize) ->
         opened.push((client, s));
     }
     cp.latencies_us.lock().unwrap().clear();
+    let cpu0 = pid(p).map(cpu_seconds);
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for (client, mut s) in opened {
@@ -618,7 +703,9 @@ async fn many_streams(p: &Proxy, cp: &CpStats, streams: usize, rounds: usize) ->
             .copied()
             .unwrap_or(0)
     };
-    ((streams * rounds) as f64 / secs, pct(0.5), pct(0.99))
+    let pushes = (streams * rounds) as f64;
+    let cpu = pid(p).map(|id| (cpu_seconds(id) - cpu0.unwrap_or(0.0)) / pushes * 1e6);
+    (pushes / secs, pct(0.5), pct(0.99), cpu)
 }
 
 /// Workload 3: `streams` idle streams, 100 per connection; the proxy's RSS rise per stream.
@@ -796,16 +883,22 @@ async fn run(full: bool) {
     } else {
         vec!["direct", "l4-relay", "before", "xdstap"]
     };
-    let all: Vec<&'static str> = all
+    // "xdstap-2t" (two worker threads) and "xdstap-pages" (ten live pages open) only when
+    // SIDEBYSIDE_ONLY names them.
+    let mut all: Vec<&'static str> = all
         .into_iter()
         .filter(|n| *n != "before" || before)
         .collect();
+    all.extend(["xdstap-2t", "xdstap-admin", "xdstap-pages"]);
     // SIDEBYSIDE_ONLY=xdstap,direct and SIDEBYSIDE_WORKLOADS=1,2 narrow a run (for profiling).
     let only = std::env::var("SIDEBYSIDE_ONLY").unwrap_or_default();
     let names: Vec<&'static str> = all
         .iter()
         .copied()
-        .filter(|n| only.is_empty() || only.split(',').any(|o| o == *n))
+        .filter(|n| {
+            only.split(',').any(|o| o == *n)
+                || (only.is_empty() && !matches!(*n, "xdstap-2t" | "xdstap-admin" | "xdstap-pages"))
+        })
         .collect();
     let names = &names[..];
     let workloads = std::env::var("SIDEBYSIDE_WORKLOADS").unwrap_or_else(|_| "0,1,2,3,4,5".into());
@@ -887,7 +980,7 @@ async fn run(full: bool) {
         }
         if on("2") {
             let (streams, rounds) = if full { (1000, 20) } else { (10, 2) };
-            let (rate, p50, p99) = many_streams(&p, &cp_stats, streams, rounds).await;
+            let (rate, p50, p99, cpu) = many_streams(&p, &cp_stats, streams, rounds).await;
             row(
                 "2. 1,000 streams x 16 KiB: pushes/s",
                 name,
@@ -895,6 +988,9 @@ async fn run(full: bool) {
             );
             row("2. push->answer p50 (µs)", name, p50.to_string());
             row("2. push->answer p99 (µs)", name, p99.to_string());
+            if let Some(c) = cpu {
+                row("2. proxy CPU per push (µs)", name, format!("{c:.1}"));
+            }
         }
         drop(p);
 
@@ -975,7 +1071,7 @@ async fn run(full: bool) {
                 if let Some(d) = of("direct").filter(|_| *n != "direct" && (rate || latency)) {
                     ratios.push(format!("{:.2}x", x / d));
                 }
-                let tap = matches!(*n, "xdstap" | "before");
+                let tap = n.starts_with("xdstap") || *n == "before";
                 if let Some(l) = of("l4-relay").filter(|_| tap && (rate || cpu)) {
                     ratios.push(format!("{:.2}x L4", x / l));
                 }

@@ -1,10 +1,13 @@
-//! The admin server (loopback by default), HTTP/1.1 and HTTP/2 on one address. HTTP: `/status`
-//! and `/rollouts` (JSON), `/metrics` (Prometheus / OpenMetrics text), `/healthz`, `/readyz`
-//! (listening, and the upstream answers HTTP/2, as of at most a second ago). gRPC (any request of content-type
+//! The admin server (loopback by default), HTTP/1.1 and HTTP/2 on one address. HTTP: the live
+//! page at `/` ([`page`]), `/status` and `/rollouts` (JSON), `/events` (verdicts as server-sent
+//! events), `/metrics` (Prometheus / OpenMetrics text), `/healthz`, `/readyz` (listening, and
+//! the upstream answers HTTP/2, as of at most a second ago). gRPC (any request of content-type
 //! `application/grpc`): the tap's own API, `xdstap.v1.Tap` ([`api`]), and CSDS ([`csds`]).
+//! Read-only: nothing here changes what the tap does.
 
 pub mod api;
 pub mod csds;
+pub mod page;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -50,9 +53,26 @@ pub struct Admin {
     /// The last readiness check and when it ran: `/readyz` dials at most once a second, and
     /// probes that come while it dials wait for that dial's answer.
     pub ready: tokio::sync::Mutex<Option<(std::time::Instant, Result<(), String>)>>,
+    /// The trace ids the tap's spans carry, when it exports spans.
+    pub traces: Option<crate::sinks::spans::TraceIds>,
+    /// The page's link to a trace (`{trace_id}` in it).
+    pub trace_url: Option<String>,
 }
 
 impl Admin {
+    /// The rollouts `ask` asks for, each named by its trace when spans share one per version.
+    pub fn rollouts(&self, ask: &crate::api::tap::RolloutsRequest) -> crate::api::tap::RolloutReport {
+        let mut report = self.rollouts.report(crate::sinks::now(), ask);
+        if let Some(traces) = &self.traces {
+            for r in &mut report.rollouts {
+                if let Some(id) = traces.of_version(&r.version) {
+                    r.trace_id = id.to_string();
+                }
+            }
+        }
+        report
+    }
+
     /// Whether the control plane answers HTTP/2, as of at most a second ago. A change is logged
     /// once, naming the likely cause.
     async fn ready(&self) -> Result<(), String> {
@@ -132,7 +152,7 @@ pub async fn serve(listener: Listener, admin: Arc<Admin>) {
                     if is_grpc(&req) {
                         return grpc.call(req).await;
                     }
-                    Ok::<_, Infallible>(handle(&admin, req).await.map(Body::new))
+                    Ok::<_, Infallible>(handle(&admin, req).await)
                 }
             });
             let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
@@ -155,11 +175,11 @@ fn is_grpc(req: &Request<Incoming>) -> bool {
         .is_some_and(|v| v.starts_with("application/grpc"))
 }
 
-fn reply(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+fn reply(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Body> {
     Response::builder()
         .status(status)
         .header("content-type", content_type)
-        .body(Full::new(body.into()))
+        .body(Body::new(Full::new(body.into())))
         .expect("static parts")
 }
 
@@ -180,15 +200,18 @@ fn node_param(query: Option<&str>) -> Option<String> {
     params(query, "node").next()
 }
 
-fn json(body: &impl serde::Serialize) -> Response<Full<Bytes>> {
+fn json(body: &impl serde::Serialize) -> Response<Body> {
     let mut body = serde_json::to_vec_pretty(body).unwrap_or_default();
     body.push(b'\n');
     reply(StatusCode::OK, "application/json", body)
 }
 
-async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Body> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return reply(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "only GET\n");
+    }
+    if let Some(page) = page::serve(admin, req.uri().path()) {
+        return page;
     }
     match req.uri().path() {
         "/status" => {
@@ -213,7 +236,7 @@ async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> 
                 types: params(query, "type").collect(),
                 every_node: params(query, "every_node").any(|v| v == "true" || v == "1"),
             };
-            json(&admin.rollouts.report(crate::sinks::now(), &ask))
+            json(&admin.rollouts(&ask))
         }
         "/metrics" => reply(
             StatusCode::OK,
@@ -229,12 +252,6 @@ async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Full<Bytes>> 
                 format!("upstream {} unreachable: {e}\n", admin.upstream),
             ),
         },
-        "/" => reply(
-            StatusCode::OK,
-            "text/plain",
-            "xdstap admin: /status[?node=ID] /rollouts[?version=V&type=CDS&every_node=true] /metrics /healthz \
-             /readyz; gRPC: xdstap.v1.Tap, envoy.service.status.v3.ClientStatusDiscoveryService\n",
-        ),
         _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
     }
 }

@@ -222,6 +222,10 @@ pub struct DemoArgs {
     /// Where the demo's spans go [default: a local file of OTLP JSON lines].
     #[command(flatten)]
     pub spans: SpanOptions,
+    /// Also serve the admin address here, the live page at / included, and keep serving it
+    /// once the story is told, until interrupted (Ctrl-C) [default: none].
+    #[arg(long, value_name = "ADDR")]
+    pub admin: Option<crate::proxy::Endpoint>,
 }
 
 /// When to colour output.

@@ -18,7 +18,7 @@ use crate::sinks::board::StatusBoard;
 use crate::sinks::eventlog::EventLog;
 use crate::sinks::metrics::Sources;
 use crate::sinks::rollout::Rollouts;
-use crate::sinks::spans::{SetupError, SpanStats};
+use crate::sinks::spans::{SetupError, SpanStats, TraceIds};
 use crate::sinks::watch::Watchers;
 use crate::sinks::{Sink, TapStats};
 use crate::tap::{Pipeline, PipelineOptions};
@@ -118,7 +118,7 @@ impl Server {
         let extra = self.sinks;
         let mut sinks: Vec<Box<dyn Sink>> = Vec::new();
         let span_stats = Arc::new(SpanStats::default());
-        let exporter = outputs(&config, &span_stats, &mut sinks)?;
+        let (exporter, traces) = outputs(&config, &span_stats, &mut sinks)?.unzip();
         let status_settings = config
             .admin
             .as_ref()
@@ -130,7 +130,7 @@ impl Server {
             .map(|a| a.rollouts.clone())
             .unwrap_or_default();
         let rollouts = Rollouts::new(rollout_settings);
-        let watchers = Watchers::default();
+        let watchers = Watchers::new(traces.clone());
         if config.admin.is_some() {
             sinks.push(Box::new(rollouts.clone()));
             sinks.push(Box::new(watchers.clone()));
@@ -179,6 +179,8 @@ impl Server {
                 upstream: config.upstream.clone(),
                 connector: checker,
                 ready: tokio::sync::Mutex::new(None),
+                traces,
+                trace_url: config.admin.as_ref().and_then(|a| a.trace_url.clone()),
             });
             (address, tokio::spawn(crate::admin::serve(l, admin)))
         });
@@ -196,12 +198,13 @@ impl Server {
     }
 }
 
-/// The event log and the span exporter, when configured, as sinks; the exporter's task.
+/// The event log and the span exporter, when configured, as sinks; the exporter's task, and the
+/// trace ids its spans carry.
 fn outputs(
     config: &Config,
     span_stats: &Arc<SpanStats>,
     sinks: &mut Vec<Box<dyn Sink>>,
-) -> Result<Option<tokio::task::JoinHandle<()>>, StartError> {
+) -> Result<Option<(tokio::task::JoinHandle<()>, TraceIds)>, StartError> {
     if let Some(path) = &config.event_log {
         let log = EventLog::open(path).map_err(|e| ConfigError::Invalid {
             option: option_name("event_log"),
@@ -218,8 +221,9 @@ fn outputs(
         .unwrap_or_else(|| "OTEL_EXPORTER_OTLP_ENDPOINT".into());
     let (sink, task) = crate::sinks::spans::start(settings, span_stats.clone())?;
     tracing::info!(%endpoint, "Exporting spans");
+    let traces = sink.trace_ids();
     sinks.push(Box::new(sink));
-    Ok(Some(task))
+    Ok(Some((task, traces)))
 }
 
 /// The admin server's listener, when it is on.

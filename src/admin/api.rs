@@ -11,16 +11,13 @@ use tonic::{Request, Response, Status};
 
 use super::Admin;
 use crate::api::tap::{self, tap_server};
-use crate::correlate::{Event, Verdict};
-use crate::sinks::record::rfc3339;
+use crate::correlate::Event;
 use crate::sinks::rollout::type_wanted;
-use crate::xds::short_type;
+use crate::sinks::spans::TraceIds;
+use crate::sinks::watch::{kind, watched_event, VERDICTS};
 
 /// The service over the admin's views.
 pub struct TapApi(pub Arc<Admin>);
-
-/// The verdicts `xdstap watch` shows unless told which.
-const VERDICTS: [&str; 4] = ["ack", "nack", "superseded", "unanswered"];
 
 #[tonic::async_trait]
 impl tap_server::Tap for TapApi {
@@ -41,8 +38,7 @@ impl tap_server::Tap for TapApi {
         &self,
         request: Request<tap::RolloutsRequest>,
     ) -> Result<Response<tap::RolloutReport>, Status> {
-        let ask = request.into_inner();
-        let report = (self.0.rollouts).report(crate::sinks::now(), &ask);
+        let report = self.0.rollouts(&request.into_inner());
         Ok(Response::new(report))
     }
 
@@ -71,7 +67,7 @@ impl tap_server::Tap for TapApi {
                 "types: at most {MAX_TYPES}, each at most {MAX_PATTERN} characters"
             )));
         }
-        let Some(seat) = Seat::take(&WATCHERS) else {
+        let Some(seat) = Seat::take() else {
             return Err(Status::resource_exhausted(format!(
                 "{MAX_WATCHERS} watchers already; try again when one ends"
             )));
@@ -79,6 +75,7 @@ impl tap_server::Tap for TapApi {
         // The glob is taken apart once, not per event.
         let node: Vec<char> = filter.node.chars().collect();
         let mut missed = 0;
+        let traces = self.0.traces.clone();
         let events = BroadcastStream::new(self.0.watchers.subscribe());
         let stream = events.filter_map(move |e| {
             let _seat = &seat;
@@ -87,7 +84,7 @@ impl tap_server::Tap for TapApi {
                     missed += n;
                     None
                 }
-                Ok(e) => watch_event(&e, &filter, &node).map(|mut w| {
+                Ok(e) => watch_event(&e, &filter, &node, traces.as_ref()).map(|mut w| {
                     w.missed = std::mem::take(&mut missed);
                     Ok(w)
                 }),
@@ -98,7 +95,7 @@ impl tap_server::Tap for TapApi {
 }
 
 /// Watchers at once at most, over every tap in the process.
-const MAX_WATCHERS: usize = 64;
+pub const MAX_WATCHERS: usize = 64;
 /// The longest node glob or type a watcher may give.
 const MAX_PATTERN: usize = 256;
 /// The most types a watcher may name.
@@ -106,12 +103,15 @@ const MAX_TYPES: usize = 16;
 
 static WATCHERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// One of [`MAX_WATCHERS`] seats, given back when the watch ends.
-struct Seat(&'static std::sync::atomic::AtomicUsize);
+/// One of [`MAX_WATCHERS`] seats (a gRPC watch or a page's `/events`), given back when the
+/// watch ends.
+pub struct Seat(&'static std::sync::atomic::AtomicUsize);
 
 impl Seat {
-    fn take(count: &'static std::sync::atomic::AtomicUsize) -> Option<Seat> {
+    /// A seat, unless every one is taken.
+    pub fn take() -> Option<Seat> {
         use std::sync::atomic::Ordering;
+        let count = &WATCHERS;
         let update = |n: usize| (n < MAX_WATCHERS).then_some(n + 1);
         (count
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, update)
@@ -143,93 +143,22 @@ fn watch_event(
     event: &Event,
     filter: &tap::WatchRequest,
     node_glob: &[char],
+    traces: Option<&TraceIds>,
 ) -> Option<tap::WatchEvent> {
-    let context = event.context();
-    let node = context.node.as_ref().map(|n| n.id.as_str()).unwrap_or("");
-    let kind = match event {
-        Event::Verdict { verdict, .. } => verdict.name(),
-        Event::Warming { .. } => "warming",
-        Event::StaleAnswer { .. } => "stale-answer",
-        Event::NonceReused { .. } => "nonce-reused",
-        Event::UnmatchedAnswer { .. } => "unmatched-answer",
-        _ => return None,
-    };
+    let kind = kind(event)?;
     let kind_wanted = match filter.kinds.is_empty() {
         true => VERDICTS.contains(&kind),
         false => filter.kinds.iter().any(|k| k == kind),
     };
+    let context = event.context();
+    let node = context.node.as_ref().map(|n| n.id.as_str()).unwrap_or("");
     if !kind_wanted
         || !type_wanted(&filter.types, &context.type_url)
         || !(node_glob.is_empty() || glob_chars(node_glob, node))
     {
         return None;
     }
-    let mut w = tap::WatchEvent {
-        time: rfc3339(context.time),
-        node: node.to_string(),
-        r#type: short_type(&context.type_url).to_string(),
-        type_url: context.type_url.clone(),
-        kind: kind.to_string(),
-        api: context
-            .stream
-            .api
-            .map(|a| a.as_str().to_string())
-            .unwrap_or_default(),
-        stream: context.stream.stream_id,
-        ..Default::default()
-    };
-    match event {
-        Event::Verdict {
-            push,
-            verdict,
-            decided_at,
-            client_version,
-            overtaken_by,
-            waiting_for,
-            ..
-        } => {
-            w.version = push.version.clone();
-            w.nonce = push.nonce.clone();
-            w.latency_ms = decided_at.saturating_sub(push.at) as f64 / 1e6;
-            w.client_version = client_version.clone().unwrap_or_default();
-            w.overtaken_by = overtaken_by.clone().unwrap_or_default();
-            w.waiting_for = waiting_for.clone();
-            match verdict {
-                Verdict::Nack {
-                    error,
-                    suspects,
-                    scope,
-                    rejected,
-                    applied,
-                    ..
-                } => {
-                    w.error_message = error.message.clone();
-                    w.suspects = suspects.clone();
-                    w.nack_scope = scope.as_str().to_string();
-                    w.rejected = rejected.iter().map(|r| r.name.clone()).collect();
-                    w.applied = applied.clone();
-                }
-                Verdict::Superseded { by_nonce } => w.superseded_by = by_nonce.clone(),
-                Verdict::Unanswered { message, .. } => w.end_message = message.clone(),
-                Verdict::Ack => {}
-            }
-        }
-        Event::Warming {
-            nonce,
-            version,
-            clusters,
-            ..
-        } => {
-            w.nonce = nonce.clone();
-            w.version = version.clone();
-            w.waiting_for = clusters.clone();
-        }
-        Event::StaleAnswer { nonce, .. }
-        | Event::NonceReused { nonce, .. }
-        | Event::UnmatchedAnswer { nonce, .. } => w.nonce = nonce.clone(),
-        _ => {}
-    }
-    Some(w)
+    watched_event(event, traces)
 }
 
 /// Whether `text` matches the pattern `p` (taken apart into characters already), where `*` is

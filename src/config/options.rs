@@ -202,6 +202,10 @@ pub struct AdminOptions {
         value_name = "N"
     )]
     pub rollout_versions: Option<Count>,
+    /// The page links each version and verdict to its trace: a URL with `{trace_id}` in it,
+    /// e.g. http://jaeger:16686/trace/{trace_id} [default: no links].
+    #[arg(id = "admin.trace_url", long = "trace-url", value_name = "TEMPLATE")]
+    pub trace_url: Option<String>,
 }
 
 impl Options {

@@ -146,6 +146,8 @@ pub struct AdminSettings {
     pub status: StatusSettings,
     /// What the rollout view keeps.
     pub rollouts: RolloutSettings,
+    /// The page's link to a trace: a URL with `{trace_id}` in it.
+    pub trace_url: Option<String>,
 }
 
 impl Options {
@@ -348,10 +350,24 @@ impl AdminOptions {
             max_nodes: status.max_nodes,
             ..defaults
         };
+        let trace_url = match self.trace_url {
+            Some(t) if !(t.starts_with("http://") || t.starts_with("https://")) => {
+                return Err(invalid("admin.trace_url", &t, "expected an http(s) URL"));
+            }
+            Some(t) if !t.contains("{trace_id}") => {
+                return Err(invalid(
+                    "admin.trace_url",
+                    &t,
+                    "expected {trace_id} where the trace id goes",
+                ));
+            }
+            t => t,
+        };
         Ok(Some(AdminSettings {
             address,
             status,
             rollouts,
+            trace_url,
         }))
     }
 }

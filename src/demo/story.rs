@@ -38,6 +38,8 @@ pub struct DemoOptions {
     pub envoy: Option<PathBuf>,
     /// Span export: an OTLP endpoint when configured, else a local file.
     pub spans: Option<SpanSettings>,
+    /// Serve the admin address here, and keep serving it after the story until interrupted.
+    pub admin: Option<Endpoint>,
 }
 
 /// What the demo found, for `--json` and the exit status.
@@ -229,7 +231,10 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<Outcome> {
         listen: Some(Endpoint::Tcp("127.0.0.1:0".into())),
         upstream: Some(Endpoint::Tcp(cp_addr.clone())),
         admin: AdminOptions {
-            address: Some(AdminAddress::Off),
+            address: Some(match &options.admin {
+                Some(a) => AdminAddress::At(a.clone()),
+                None => AdminAddress::Off,
+            }),
             ..Default::default()
         },
         ..Default::default()
@@ -246,6 +251,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<Outcome> {
         .start(listener)
         .await?;
     let tap_addr = running.local_addr();
+    let admin_addr = running.admin_addr().map(|a| a.to_string());
     let status = running.status();
     let span_stats = running.span_stats();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -279,6 +285,13 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<Outcome> {
         ..Default::default()
     };
     let rollouts = rollouts.report(crate::sinks::now(), &ask);
+    if let Some(admin) = &admin_addr {
+        println!(
+            "\nThe page: http://{admin}/ (and /status, /rollouts, the API), until interrupted \
+             (Ctrl-C)"
+        );
+        stopped().await;
+    }
     drop(stage.envoy.take());
     if let Some(b) = builtin {
         b.abort();
@@ -550,4 +563,17 @@ fn summarize(report: &StatusReport, rollouts: &RolloutReport, outcome: &Outcome)
         "Story played as expected: {}",
         if outcome.ok { "yes" } else { "NO" }
     );
+}
+
+/// Once SIGINT or SIGTERM comes.
+async fn stopped() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        let _ = tokio::signal::ctrl_c().await;
+        return;
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
 }

@@ -163,6 +163,7 @@ fn demo(args: crate::cli::DemoArgs) -> ExitCode {
         client: args.client,
         envoy: args.envoy,
         spans,
+        admin: args.admin,
     };
     let runtime = match runtime(None) {
         Ok(r) => r,

@@ -20,6 +20,8 @@ use crate::xds::short_type;
 const MAX_GROUPS: usize = 32;
 /// Example nodes per NACK group.
 const EXAMPLES: usize = 5;
+/// Points of a rollout's acceptance curve at most.
+const CURVE_POINTS: usize = 64;
 
 /// How much the view keeps and lists.
 #[derive(Clone, Debug)]
@@ -531,6 +533,8 @@ impl Progress {
             acked_nodes: acked.into_iter().take(listed).map(String::from).collect(),
             moved_on,
             nodes,
+            acceptance: self.acceptance(),
+            trace_id: String::new(),
             nacks: (order.iter().map(|&i| &self.nacks[i]))
                 .map(|g| tap::NackGroup {
                     message: g.message.clone(),
@@ -543,6 +547,28 @@ impl Progress {
                 })
                 .collect(),
         }
+    }
+
+    /// How acceptance rose: for the nodes that took it, seconds from the first push to their
+    /// answer, as at most [`CURVE_POINTS`] points (the last one all of them).
+    fn acceptance(&self) -> Vec<tap::AcceptancePoint> {
+        let mut at: Vec<u64> = (self.nodes.values())
+            .filter(|e| e.standing == Standing::Acked)
+            .map(|e| {
+                let answered = e.pushed_at + u64::from(e.latency_us) * 1_000;
+                answered.saturating_sub(self.first_push)
+            })
+            .collect();
+        at.sort_unstable();
+        let n = at.len();
+        let step = n.div_ceil(CURVE_POINTS).max(1);
+        (1..=n)
+            .filter(|k| k % step == 0 || *k == n)
+            .map(|k| tap::AcceptancePoint {
+                seconds: at[k - 1] as f64 / 1e9,
+                nodes: k as u64,
+            })
+            .collect()
     }
 
     /// Every node pushed this version, by id, with its answer's latency and its NACK group

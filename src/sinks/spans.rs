@@ -224,9 +224,11 @@ pub fn start(
     let sink = SpanSink {
         tx,
         stats,
-        grouping: settings.grouping,
-        control_plane_id: settings.control_plane_id,
-        instance: xxh3_64(instance.as_bytes()),
+        traces: TraceIds {
+            grouping: settings.grouping,
+            control_plane_id: settings.control_plane_id,
+            instance: xxh3_64(instance.as_bytes()),
+        },
         scope: InstrumentationScope::builder("xdstap")
             .with_version(env!("CARGO_PKG_VERSION"))
             .build(),
@@ -388,13 +390,42 @@ const WARN_INTERVAL: Duration = Duration::from_secs(30);
 /// Subscription changes waiting for their next push, at most this many streams x types.
 const MAX_CHANGE_KEYS: usize = 4096;
 
+/// How the tap's spans are put into traces: the trace id of a push's span, which the page links
+/// to (`--trace-url`) as the exporter sends it.
+#[derive(Clone, Debug)]
+pub struct TraceIds {
+    grouping: Grouping,
+    control_plane_id: String,
+    instance: u64,
+}
+
+impl TraceIds {
+    /// The trace of the span of the push `nonce` of `type_url` on `stream`, version `version`.
+    pub fn of(&self, version: &str, stream: u64, type_url: &str, nonce: &str) -> TraceId {
+        let key = match self.grouping {
+            Grouping::Version if !version.is_empty() => {
+                format!("version\0{}\0{}", self.control_plane_id, version)
+            }
+            _ => format!(
+                "push\0{}\0{stream}\0{type_url}\0{nonce}",
+                self.instance
+            ),
+        };
+        TraceId::from(xxh3_128(key.as_bytes()).max(1))
+    }
+
+    /// The one trace of every push of `version`, when spans are grouped by version.
+    pub fn of_version(&self, version: &str) -> Option<TraceId> {
+        (self.grouping == Grouping::Version && !version.is_empty())
+            .then(|| self.of(version, 0, "", ""))
+    }
+}
+
 /// Turns verdict events into spans and hands them to the export task.
 pub struct SpanSink {
     tx: mpsc::Sender<SpanData>,
     stats: Arc<SpanStats>,
-    grouping: Grouping,
-    control_plane_id: String,
-    instance: u64,
+    traces: TraceIds,
     scope: InstrumentationScope,
     /// (stream, type_url) -> subscription changes seen since that type's last verdict: they
     /// become events of the next push's span (typically the push they asked for).
@@ -417,23 +448,19 @@ fn strings(names: &[String]) -> Value {
 }
 
 impl SpanSink {
+    /// The trace ids its spans carry.
+    pub fn trace_ids(&self) -> TraceIds {
+        self.traces.clone()
+    }
+
     fn trace_id(&self, r: &VerdictRecord) -> TraceId {
-        let key = match self.grouping {
-            Grouping::Version if !r.version.is_empty() => {
-                format!("version\0{}\0{}", self.control_plane_id, r.version)
-            }
-            _ => format!(
-                "push\0{}\0{}\0{}\0{}",
-                self.instance, r.stream, r.type_url, r.nonce
-            ),
-        };
-        TraceId::from(xxh3_128(key.as_bytes()).max(1))
+        (self.traces).of(&r.version, r.stream, &r.type_url, &r.nonce)
     }
 
     fn span_id(&self, r: &VerdictRecord) -> SpanId {
         let key = format!(
             "span\0{}\0{}\0{}\0{}",
-            self.instance, r.stream, r.type_url, r.nonce
+            self.traces.instance, r.stream, r.type_url, r.nonce
         );
         SpanId::from(xxh3_64(key.as_bytes()).max(1))
     }

@@ -1,34 +1,70 @@
-//! Live verdicts for watchers (`xdstap watch`, the API's `Watch`): every verdict, warming change
-//! and peer fault goes to a broadcast channel while anyone listens, and costs nothing when no
-//! one does. A watcher that reads too slowly misses events, never slows the sinks: it is told
-//! how many it missed.
+//! Live verdicts for watchers (`xdstap watch`, the API's `Watch`, the page's `/events`): every
+//! verdict, warming change and peer fault goes to a broadcast channel while anyone listens, and
+//! costs nothing when no one does. A watcher that reads too slowly misses events, never slows
+//! the sinks: it is told how many it missed. The last [`RECENT`] verdicts are kept as the API
+//! shows them (names, versions and messages, each message cut to [`RECENT_MESSAGE`] bytes), so
+//! a page opened late still shows what just happened.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::broadcast;
 
+use super::record::rfc3339;
+use super::spans::TraceIds;
 use super::Sink;
-use crate::correlate::Event;
+use crate::api::tap::WatchEvent;
+use crate::correlate::{Event, Verdict};
+use crate::xds::short_type;
 
 /// Events held for the slowest watcher before it starts missing them.
 pub const WATCH_BUFFER: usize = 4096;
+/// Verdicts kept for a page that opens late.
+pub const RECENT: usize = 256;
+/// The most of a message a kept verdict holds (the whole one is in `/status`).
+pub const RECENT_MESSAGE: usize = 4096;
 
-/// The broadcast end; cheap to clone.
+/// The verdicts a watcher sees unless told which.
+pub const VERDICTS: [&str; 4] = ["ack", "nack", "superseded", "unanswered"];
+
+/// The broadcast end, and the recent verdicts; cheap to clone.
 #[derive(Clone)]
 pub struct Watchers {
     tx: broadcast::Sender<Event>,
+    recent: Arc<Mutex<VecDeque<WatchEvent>>>,
+    traces: Option<TraceIds>,
 }
 
 impl Default for Watchers {
     fn default() -> Self {
-        Watchers {
-            tx: broadcast::channel(WATCH_BUFFER).0,
-        }
+        Watchers::new(None)
     }
 }
 
 impl Watchers {
+    /// Watchers whose events name their trace as `traces` gives it (none: spans are off).
+    pub fn new(traces: Option<TraceIds>) -> Self {
+        Watchers {
+            tx: broadcast::channel(WATCH_BUFFER).0,
+            recent: Arc::default(),
+            traces,
+        }
+    }
+
     /// A new watcher: every event from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
         self.tx.subscribe()
+    }
+
+    /// The last verdicts, oldest first.
+    pub fn recent(&self) -> Vec<WatchEvent> {
+        let recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        recent.iter().cloned().collect()
+    }
+
+    /// How the events name their trace.
+    pub fn traces(&self) -> Option<&TraceIds> {
+        self.traces.as_ref()
     }
 }
 
@@ -39,21 +75,142 @@ pub fn watched(event: &Event) -> bool {
             return false;
         }
     }
-    matches!(
-        event,
-        Event::Verdict { .. }
-            | Event::Warming { .. }
-            | Event::StaleAnswer { .. }
-            | Event::NonceReused { .. }
-            | Event::UnmatchedAnswer { .. }
-    )
+    kind(event).is_some()
+}
+
+/// The kind of a watched event, as the API names it.
+pub fn kind(event: &Event) -> Option<&'static str> {
+    Some(match event {
+        Event::Verdict { verdict, .. } => verdict.name(),
+        Event::Warming { .. } => "warming",
+        Event::StaleAnswer { .. } => "stale-answer",
+        Event::NonceReused { .. } => "nonce-reused",
+        Event::UnmatchedAnswer { .. } => "unmatched-answer",
+        _ => return None,
+    })
+}
+
+/// `event` as the API shows it (none for what watchers do not see), its trace named by
+/// `traces`.
+pub fn watched_event(event: &Event, traces: Option<&TraceIds>) -> Option<WatchEvent> {
+    let kind = kind(event)?;
+    let context = event.context();
+    let node = context.node.as_ref().map(|n| n.id.as_str()).unwrap_or("");
+    let mut w = WatchEvent {
+        time: rfc3339(context.time),
+        node: node.to_string(),
+        r#type: short_type(&context.type_url).to_string(),
+        type_url: context.type_url.clone(),
+        kind: kind.to_string(),
+        api: (context.stream.api)
+            .map(|a| a.as_str().to_string())
+            .unwrap_or_default(),
+        stream: context.stream.stream_id,
+        ..Default::default()
+    };
+    match event {
+        Event::Verdict {
+            push,
+            verdict,
+            decided_at,
+            client_version,
+            overtaken_by,
+            waiting_for,
+            ..
+        } => {
+            w.version = push.version.clone();
+            w.nonce = push.nonce.clone();
+            w.latency_ms = decided_at.saturating_sub(push.at) as f64 / 1e6;
+            w.client_version = client_version.clone().unwrap_or_default();
+            w.overtaken_by = overtaken_by.clone().unwrap_or_default();
+            w.waiting_for = waiting_for.clone();
+            if let Some(t) = traces {
+                let id = t.of(&push.version, w.stream, &context.type_url, &push.nonce);
+                w.trace_id = id.to_string();
+            }
+            match verdict {
+                Verdict::Nack {
+                    error,
+                    suspects,
+                    scope,
+                    rejected,
+                    applied,
+                    ..
+                } => {
+                    w.error_message = error.message.clone();
+                    w.suspects = suspects.clone();
+                    w.nack_scope = scope.as_str().to_string();
+                    w.rejected = rejected.iter().map(|r| r.name.clone()).collect();
+                    w.applied = applied.clone();
+                }
+                Verdict::Superseded { by_nonce } => w.superseded_by = by_nonce.clone(),
+                Verdict::Unanswered { message, .. } => w.end_message = message.clone(),
+                Verdict::Ack => {}
+            }
+        }
+        Event::Warming {
+            nonce,
+            version,
+            clusters,
+            ..
+        } => {
+            w.nonce = nonce.clone();
+            w.version = version.clone();
+            w.waiting_for = clusters.clone();
+        }
+        Event::StaleAnswer { nonce, .. }
+        | Event::NonceReused { nonce, .. }
+        | Event::UnmatchedAnswer { nonce, .. } => w.nonce = nonce.clone(),
+        _ => {}
+    }
+    Some(w)
+}
+
+/// `s` cut to at most `max` bytes, at a character boundary, marked when cut.
+fn cut(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push_str(" …");
+    }
 }
 
 impl Sink for Watchers {
     fn on_event(&mut self, event: &Event) {
-        if self.tx.receiver_count() > 0 && watched(event) {
+        if !watched(event) {
+            return;
+        }
+        if let (Event::Verdict { .. }, Some(mut w)) = (event, watched_event(event, self.traces()))
+        {
+            cut(&mut w.error_message, RECENT_MESSAGE);
+            cut(&mut w.end_message, RECENT_MESSAGE);
+            let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+            if recent.len() == RECENT {
+                recent.pop_front();
+            }
+            recent.push_back(w);
+        }
+        if self.tx.receiver_count() > 0 {
             // No receiver left between the check and the send is fine: nothing to deliver.
             let _ = self.tx.send(event.clone());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_messages_are_cut_at_a_character() {
+        let mut s = "é".repeat(10);
+        cut(&mut s, 5);
+        assert_eq!(s, "éé …");
+        let mut short = "ok".to_string();
+        cut(&mut short, 5);
+        assert_eq!(short, "ok");
     }
 }

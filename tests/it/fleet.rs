@@ -11,13 +11,13 @@ use crate::support;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use support::control_plane::ControlPlane;
 use support::envoy::{Envoy, Xds};
 use support::resources::{Snapshot, CDS};
-use support::tap::{TapOptions, XdsTap};
+use support::tap::XdsTap;
 use support::xdstap;
 use xdstap::api::tap::{RolloutReport, StatusReport, SyncState};
 
@@ -35,19 +35,15 @@ fn shared_port() -> u16 {
 
 /// A tap whose admin server listens on `admin`.
 async fn tap_at(cp: &str, admin: &str) -> XdsTap {
-    let options = TapOptions::new(cp);
-    let config = xdstap::config::Options::from_flags([
+    XdsTap::with_flags(&[
         "--listen",
         "127.0.0.1:0",
         "--upstream",
-        &options.upstream.to_string(),
+        cp,
         "--admin",
         admin,
     ])
-    .unwrap()
-    .resolve()
-    .unwrap();
-    XdsTap::with_config(config, vec![]).await
+    .await
 }
 
 /// Each node's worst state as one tap's own `/status` gives it.
@@ -111,27 +107,6 @@ async fn xdstap_resolving(name: &str, args: &[&str]) -> (i32, String, String) {
         String::from_utf8(out.stdout).unwrap(),
         err,
     )
-}
-
-/// `xdstap watch ARGS` in the background, with its standard error's first lines (one per tap).
-fn watch(
-    args: &[&str],
-    taps: usize,
-) -> (support::Child, BufReader<std::process::ChildStdout>, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_xdstap"))
-        .arg("watch")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut said = String::new();
-    for _ in 0..taps {
-        err.read_line(&mut said).unwrap();
-    }
-    let out = BufReader::new(child.stdout.take().unwrap());
-    (support::Child(child), out, said)
 }
 
 /// The next `n` CDS events from a JSON watch: (node, kind, version, tap).
@@ -309,7 +284,7 @@ async fn two_taps_answer_as_one_and_a_stopped_one_is_named() {
     );
 
     // watch: both taps' verdicts interleaved, each marked with its tap.
-    let (_watch, mut watched, said) = watch(
+    let (_watch, mut watched, said) = support::watching(
         &["--admin", &list, "-o", "json", "--verdict", "ack,nack"],
         2,
     );
@@ -408,7 +383,7 @@ async fn two_taps_answer_as_one_and_a_stopped_one_is_named() {
     );
     let (code, out, err) = xdstap(&["status", "--admin", &b_admin]).await;
     assert_eq!(code, 69, "no tap answered: {out}{err}");
-    let (_watch, mut watched, said) = watch(
+    let (_watch, mut watched, said) = support::watching(
         &["--admin", &list, "-o", "json", "-t", "CDS", "--count", "1"],
         2,
     );

@@ -69,6 +69,7 @@ fn plain_unix_socket_and_failover_envoy_bootstraps_are_valid() {
     envoy_validates(&recipe("envoy-bootstrap.yaml"));
     envoy_validates(&recipe("envoy-bootstrap-unix.yaml"));
     envoy_validates(&recipe("envoy-bootstrap-failover.yaml"));
+    envoy_validates(&recipe("envoy-bootstrap-failover-unix.yaml"));
     xdstap_accepts(&recipe("xdstap.yaml"));
 }
 

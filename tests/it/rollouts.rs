@@ -7,7 +7,6 @@ use crate::support;
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use support::control_plane::ControlPlane;
@@ -77,19 +76,9 @@ async fn answered(admin: &str, version: &str, answered: u64) -> Rollout {
 
 /// `xdstap watch ARGS` in the background, once it says it is watching.
 fn watch(args: &[&str]) -> (support::Child, BufReader<std::process::ChildStdout>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_xdstap"))
-        .arg("watch")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line).unwrap();
-    assert!(line.contains("watching the tap"), "{line}");
-    let out = BufReader::new(child.stdout.take().unwrap());
-    (support::Child(child), out)
+    let (child, out, said) = support::watching(args, 1);
+    assert!(said.contains("watching the tap"), "{said}");
+    (child, out)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

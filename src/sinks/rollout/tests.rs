@@ -178,6 +178,9 @@ fn who_acked_who_nacked_and_who_was_never_pushed() {
         ]
     );
     assert_eq!(r.moved_on, 0);
+    // a answered 1 s after v2 went out: one node running v2 at 1 s.
+    let curve: Vec<(f64, u64)> = r.acceptance.iter().map(|p| (p.seconds, p.nodes)).collect();
+    assert_eq!(curve, [(1.0, 1)]);
     // b takes v3: done with v2, which c still has not left.
     b.push("v3", "3", &["x"], 16 * S);
     b.answer("v3", "3", None, 17 * S);

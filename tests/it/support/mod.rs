@@ -1,5 +1,6 @@
 //! The real-peer harness shared by the integration tests: a tonic test service, the tap started
 //! in-process, certificates, a real Envoy, a scripted ADS control plane.
+pub mod browser;
 pub mod certs;
 pub mod control_plane;
 pub mod csds;
@@ -110,6 +111,29 @@ pub async fn watch_into(admin: &str, dir: &std::path::Path) -> (Child, std::path
     })
     .await;
     (child, out)
+}
+
+/// `xdstap watch ARGS` in the background, its output piped, once it has said on standard error
+/// which of its `taps` it watches (a line each): the process, its output, what it said.
+pub fn watching(
+    args: &[&str],
+    taps: usize,
+) -> (Child, std::io::BufReader<std::process::ChildStdout>, String) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_xdstap"))
+        .arg("watch")
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut said = String::new();
+    for _ in 0..taps {
+        err.read_line(&mut said).unwrap();
+    }
+    let out = std::io::BufReader::new(child.stdout.take().unwrap());
+    (Child(child), out, said)
 }
 
 /// A loopback address with a port free a moment ago, for a process the test starts.

@@ -130,6 +130,12 @@ impl XdsTap {
         XdsTap::with_config(config, sinks).await
     }
 
+    /// A tap as `xdstap run` would make it of `flags` (`--listen` and `--upstream` among them).
+    pub async fn with_flags(flags: &[&str]) -> XdsTap {
+        let config = Options::from_flags(flags).unwrap().resolve().unwrap();
+        XdsTap::with_config(config, vec![]).await
+    }
+
     /// A tap for `config` (listening where it says), its events also going to `sinks`.
     pub async fn with_config(
         config: xdstap::config::Config,

@@ -1,0 +1,147 @@
+//! The live page at `/`: the fleet's sync state, the rollouts and verdicts as they come. Three
+//! files compiled into the binary (`page/`: HTML, CSS, a script with no dependencies), the
+//! page's settings at `/ui/config`, and `/events`, verdicts as server-sent events: the tap's
+//! recent ones first, then every quarter second those decided meanwhile (in a storm every NACK
+//! and a sample of the rest, the others counted). The page reads `/status` and `/rollouts` like
+//! any client. Every answer carries a Content-Security-Policy that lets the page load and fetch
+//! from the tap alone and run no inline script; the script writes network strings as text.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Response, StatusCode};
+use http_body_util::{Full, StreamBody};
+use hyper::body::Frame;
+use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+use tokio_stream::wrappers::{BroadcastStream, IntervalStream};
+use tokio_stream::StreamExt;
+use tonic::body::Body;
+
+use super::api::Seat;
+use super::Admin;
+use crate::api::tap::WatchEvent;
+use crate::sinks::watch::{watched_event, VERDICTS};
+
+const INDEX: &str = include_str!("page/index.html");
+const SCRIPT: &str = include_str!("page/page.js");
+const STYLE: &str = include_str!("page/page.css");
+
+/// Nothing from anywhere but the tap; no inline script or style, no frames, no forms.
+const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+                      connect-src 'self'; img-src 'self'; base-uri 'none'; form-action 'none'; \
+                      frame-ancestors 'none'";
+
+/// How often `/events` says it is alive when nothing happens.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// The page's answer for `path`, or none when it is not the page's.
+pub fn serve(admin: &Admin, path: &str) -> Option<Response<Body>> {
+    Some(match path {
+        "/" | "/index.html" => file("text/html; charset=utf-8", INDEX),
+        "/ui/page.js" => file("text/javascript; charset=utf-8", SCRIPT),
+        "/ui/page.css" => file("text/css; charset=utf-8", STYLE),
+        "/ui/config" => {
+            let config = serde_json::json!({ "trace_url": admin.trace_url.clone().unwrap_or_default() });
+            file("application/json", &config.to_string())
+        }
+        "/events" => events(admin),
+        _ => return None,
+    })
+}
+
+fn guarded(status: StatusCode, content_type: &str) -> http::response::Builder {
+    Response::builder()
+        .status(status)
+        .header("content-type", content_type)
+        .header("content-security-policy", POLICY)
+        .header("x-content-type-options", "nosniff")
+        .header("referrer-policy", "no-referrer")
+        .header("cache-control", "no-store")
+}
+
+fn file(content_type: &str, text: &str) -> Response<Body> {
+    (guarded(StatusCode::OK, content_type))
+        .body(Body::new(Full::new(Bytes::from(text.to_string()))))
+        .expect("static parts")
+}
+
+/// One server-sent event of `data`.
+fn event(data: &str) -> Result<Frame<Bytes>, Infallible> {
+    Ok(Frame::data(Bytes::from(format!("data: {data}\n\n"))))
+}
+
+/// How long `/events` gathers verdicts into one message.
+const BATCH: Duration = Duration::from_millis(250);
+/// Per message at most: every NACK up to the first, the others up to the second; past them
+/// only counted. A storm of thousands a second costs each page a few messages a second.
+const BATCH_NACKS: usize = 50;
+const BATCH_OTHERS: usize = 20;
+
+/// One message of `/events`: verdicts as the API shows them, oldest first, and how many more
+/// were decided than listed.
+#[derive(serde::Serialize)]
+struct Batch<'a> {
+    verdicts: &'a [WatchEvent],
+    more: u64,
+}
+
+fn batch(verdicts: &[WatchEvent], more: u64) -> Result<Frame<Bytes>, Infallible> {
+    event(&serde_json::to_string(&Batch { verdicts, more }).unwrap_or_default())
+}
+
+/// The verdicts as server-sent events: the recent ones, then a message every [`BATCH`] with
+/// what was decided meanwhile (NACKs first to be kept), a comment when nothing happens for a
+/// while. It takes one of the watchers' seats.
+fn events(admin: &Admin) -> Response<Body> {
+    let Some(seat) = Seat::take() else {
+        return (guarded(StatusCode::SERVICE_UNAVAILABLE, "text/plain"))
+            .body(Body::new(Full::new(Bytes::from_static(
+                b"too many watchers; try again when one ends\n",
+            ))))
+            .expect("static parts");
+    };
+    // Subscribed before the recent ones are read: nothing falls between (a verdict may come
+    // twice; the page drops the second).
+    let live = BroadcastStream::new(admin.watchers.subscribe());
+    let recent = admin.watchers.recent();
+    let traces = admin.watchers.traces().cloned();
+    let head = [
+        Ok(Frame::data(Bytes::from_static(b"retry: 1000\n\n"))),
+        batch(&recent, 0),
+    ];
+    let live = live.chunks_timeout(4096, BATCH).map(move |chunk| {
+        let _seat = &seat;
+        let (mut nacks, mut others, mut more) = (Vec::new(), Vec::new(), 0u64);
+        for e in chunk {
+            let e = match e {
+                Ok(e) => e,
+                Err(BroadcastStreamRecvError::Lagged(n)) => {
+                    more += n;
+                    continue;
+                }
+            };
+            let kind = crate::sinks::watch::kind(&e);
+            if !kind.is_some_and(|k| VERDICTS.contains(&k)) {
+                continue;
+            }
+            let (list, cap) = match kind == Some("nack") {
+                true => (&mut nacks, BATCH_NACKS),
+                false => (&mut others, BATCH_OTHERS),
+            };
+            match (list.len() < cap).then(|| watched_event(&e, traces.as_ref())).flatten() {
+                Some(w) => list.push(w),
+                None => more += 1,
+            }
+        }
+        nacks.extend(others);
+        nacks.sort_by(|a, b| a.time.cmp(&b.time));
+        batch(&nacks, more)
+    });
+    let alive = IntervalStream::new(tokio::time::interval(KEEP_ALIVE))
+        .map(|_| Ok(Frame::data(Bytes::from_static(b": alive\n\n"))));
+    let body = StreamBody::new(tokio_stream::iter(head).chain(live.merge(alive)));
+    (guarded(StatusCode::OK, "text/event-stream"))
+        .body(Body::new(body))
+        .expect("static parts")
+}

@@ -1,0 +1,328 @@
+// The tap's live page: the fleet's sync state, rollouts and verdicts as they come. Reads only
+// the tap's own /status, /rollouts and /events; every string from the network goes into the
+// page as text (textContent), never as markup.
+"use strict";
+
+const TYPES = ["CDS", "LDS", "EDS", "RDS", "SDS"];
+const FEED_KEPT = 200;
+const ROLLOUTS_SHOWN = 12;
+const CURVES = 4;
+// Rows drawn at most (a filter narrows a larger fleet).
+const ROWS_SHOWN = 500;
+// The views are asked for again at most this often while verdicts stream in (the feed itself
+// is live): ten open pages cost the tap a few answers a second, not one per verdict.
+const REFRESH_GAP_MS = 2000;
+
+let config = { trace_url: "" };
+let status = null;
+let rollouts = null;
+let verdicts = [];
+const open = new Set();
+const resources = new Map();
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") e.className = v;
+    else if (k === "text") e.textContent = v;
+    else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else e.setAttribute(k, v);
+  }
+  for (const c of children) if (c !== null && c !== undefined) e.append(c);
+  return e;
+}
+
+function age(seconds) {
+  const s = Math.max(0, Math.floor(seconds));
+  if (s < 60) return s + "s";
+  if (s < 3600) return Math.floor(s / 60) + "m";
+  if (s < 86400) return Math.floor(s / 3600) + "h";
+  return Math.floor(s / 86400) + "d";
+}
+
+function traceLink(traceId, text) {
+  if (!config.trace_url || !traceId) return null;
+  const href = config.trace_url.split("{trace_id}").join(encodeURIComponent(traceId));
+  if (!/^https?:\/\//.test(href)) return null;
+  return el("a", { href, target: "_blank", rel: "noopener noreferrer", text });
+}
+
+// `*` any run, `?` one character, everything else itself.
+function globMatcher(glob) {
+  if (!glob) return () => true;
+  const re = glob.replace(/[.+^${}()|[\]\\]/g, "\\$&").replace(/\*/g, ".*").replace(/\?/g, ".");
+  const r = new RegExp("^" + re + "$");
+  return (s) => r.test(s);
+}
+
+function typeState(t) {
+  if (!t) return "IGNORED";
+  if (t.state === "NACKED" && t.nack && t.nack.scope === "partial") return "PARTIAL";
+  return t.state;
+}
+
+function stateLabel(state) {
+  return state.replace("_", " ");
+}
+
+function cell(t) {
+  const state = typeState(t);
+  let text = stateLabel(state);
+  if (t && state !== "SYNCED" && t.state_since) text += " " + age(t.state_seconds);
+  if (t && !t.subscribed) text += "*";
+  const td = el("td", { "data-state": state }, el("span", { class: "state " + state, text }));
+  if (t && t.version_accepted) td.title = "runs " + t.version_accepted;
+  return td;
+}
+
+function renderFleet() {
+  const tbody = $("fleet").tBodies[0];
+  tbody.replaceChildren();
+  if (!status) return;
+  const byNode = globMatcher($("node-filter").value.trim());
+  const cluster = $("cluster-filter").value.trim();
+  const shown = status.nodes.filter((n) => byNode(n.id) && (!cluster || n.cluster === cluster));
+  $("fleet-count").textContent = shown.length + " of " + status.nodes.length + " nodes" +
+    (shown.length > ROWS_SHOWN ? " (the first " + ROWS_SHOWN + " shown: filter to narrow)" : "");
+  for (const n of shown.slice(0, ROWS_SHOWN)) {
+    const row = el("tr", { class: "node", "data-node": n.id, onclick: () => toggle(n.id) },
+      el("td", { text: n.id }), el("td", { text: n.cluster }));
+    for (const ty of TYPES) {
+      const td = cell(n.types.find((t) => t.type === ty));
+      td.setAttribute("data-type", ty);
+      row.append(td);
+    }
+    const rest = n.types.filter((t) => !TYPES.includes(t.type));
+    row.append(el("td", { text: rest.length ? rest.map((t) => t.type + " " + stateLabel(typeState(t))).join(", ") : "-" }));
+    row.append(el("td", { text: n.connected ? "yes" : "no (since " + (n.disconnected_at || "?") + ")" }));
+    tbody.append(row);
+    if (open.has(n.id)) tbody.append(detail(n));
+  }
+  if (!status.nodes.length) tbody.append(el("tr", {}, el("td", { colspan: "9", class: "muted", text: "no xDS clients seen yet" })));
+}
+
+function toggle(id) {
+  if (open.has(id)) open.delete(id);
+  else {
+    open.add(id);
+    loadResources(id);
+  }
+  renderFleet();
+}
+
+async function loadResources(id) {
+  try {
+    const r = await fetch("/status?node=" + encodeURIComponent(id));
+    if (!r.ok) return;
+    const report = await r.json();
+    resources.set(id, (report.nodes[0] || {}).resources || []);
+    renderFleet();
+  } catch (_) { /* the link state says it */ }
+}
+
+function detail(n) {
+  const box = el("td", { colspan: "9", class: "detail" });
+  for (const t of n.types) {
+    if (!t.nack) continue;
+    const nack = t.nack;
+    box.append(el("p", {},
+      el("strong", { text: t.type + " rejected " + nack.version + " (" + nack.scope + ")" }),
+      nack.suspects.length ? el("span", { text: " suspects: " + nack.suspects.join(", ") }) : null,
+      nack.applied.length ? el("span", { text: "; applied all the same: " + nack.applied.join(", ") }) : null,
+      el("div", { class: "msg", text: nack.message })));
+  }
+  const mine = verdicts.filter((v) => v.node === n.id).slice(0, 20);
+  box.append(el("h3", { text: "recent verdicts" }));
+  if (!mine.length) box.append(el("p", { class: "muted", text: "none since the page opened or in the tap's recent ones" }));
+  else {
+    const list = el("ul");
+    for (const v of mine) list.append(el("li", {}, verdictLine(v)));
+    box.append(list);
+  }
+  const res = resources.get(n.id);
+  if (res && res.length) {
+    box.append(el("h3", { text: "resources" }));
+    const table = el("table", {}, el("tr", {}, ...["type", "name", "runs", "client", "control plane", "error"].map((h) => el("th", { text: h }))));
+    for (const r of res) {
+      table.append(el("tr", {}, el("td", { text: r.type }), el("td", { text: r.name }), el("td", { text: r.version || "-" }),
+        el("td", {}, el("span", { class: "state " + (r.client === "ACKED" ? "SYNCED" : r.client === "NACKED" ? "NACKED" : "PENDING"), text: r.client })),
+        el("td", { text: r.config }),
+        el("td", { class: "msg", text: r.error ? r.error + (r.rejected_version ? " (rejected " + r.rejected_version + ")" : "") : "-" })));
+    }
+    box.append(table);
+  }
+  return el("tr", { class: "detail-row" }, box);
+}
+
+function renderRollouts() {
+  const box = $("rollouts");
+  box.replaceChildren();
+  if (!rollouts) return;
+  if (!rollouts.rollouts.length) box.append(el("p", { class: "muted", text: "no versions pushed yet" }));
+  for (const r of rollouts.rollouts.slice(0, ROLLOUTS_SHOWN)) {
+    const parts = [["acked", r.acked], ["nacked", r.nacked], ["pending", r.pending], ["superseded", r.superseded], ["unanswered", r.unanswered]];
+    const bar = el("div", { class: "bar" });
+    for (const [k, v] of parts) {
+      bar.setAttribute("data-" + k, String(v));
+      if (v > 0 && r.pushed > 0) {
+        // Through the CSSOM: the page's policy allows no style attributes.
+        const part = el("span", { class: k, title: v + " " + k });
+        part.style.width = (100 * v / r.pushed) + "%";
+        bar.append(part);
+      }
+    }
+    bar.setAttribute("data-pushed", String(r.pushed));
+    const counts = el("div", { class: "counts" }, ...parts.map(([k, v]) => el("span", { text: v + " " + k })),
+      el("span", { class: "muted", text: "of " + r.pushed + " pushed; last push " + age(r.since_last_push_seconds) + " ago" }));
+    const title = el("div", { class: "title" }, el("strong", { text: r.type + " " + r.version }), " ", traceLink(r.trace_id, "trace"));
+    const card = el("div", { class: "rollout", "data-type": r.type, "data-version": r.version },
+      el("div", { class: "line" }, title, bar, counts));
+    for (const g of r.nacks) {
+      card.append(el("div", { class: "nack-group" },
+        el("span", { text: "rejected by " + g.nodes + " node" + (g.nodes === 1 ? "" : "s") + " (" + g.examples.join(", ") + ")" + (g.scope ? ", " + g.scope : "") }),
+        g.suspects.length ? el("span", { text: "; suspects: " + g.suspects.join(", ") }) : null,
+        el("div", { class: "msg", text: g.message })));
+    }
+    box.append(card);
+  }
+  renderCurve();
+}
+
+// Nodes running V against seconds since V was first pushed, for the newest versions.
+function renderCurve() {
+  const box = $("curve");
+  box.replaceChildren();
+  const shown = rollouts.rollouts.filter((r) => r.acceptance && r.acceptance.length).slice(0, CURVES);
+  if (!shown.length) return;
+  const NS = "http://www.w3.org/2000/svg";
+  const svg = (tag, attrs) => {
+    const e = document.createElementNS(NS, tag);
+    for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+    return e;
+  };
+  const W = 560, H = 170, L = 40, B = 24;
+  const maxX = Math.max(0.001, ...shown.flatMap((r) => r.acceptance.map((p) => p.seconds)));
+  const maxY = Math.max(1, ...shown.map((r) => r.pushed));
+  const x = (s) => L + (W - L - 10) * s / maxX;
+  const y = (n) => H - B - (H - B - 10) * n / maxY;
+  const root = svg("svg", { width: W, height: H, role: "img" });
+  root.append(svg("line", { x1: L, y1: H - B, x2: W - 10, y2: H - B, class: "axis" }));
+  root.append(svg("line", { x1: L, y1: 10, x2: L, y2: H - B, class: "axis" }));
+  const label = (text, attrs) => { const t = svg("text", attrs); t.textContent = text; root.append(t); };
+  const span = (s) => s < 1 ? (s * 1000).toFixed(s < 0.01 ? 1 : 0) + "ms" : s.toFixed(s < 10 ? 1 : 0) + "s";
+  label("nodes running it", { x: 2, y: 8 });
+  label(String(maxY), { x: L - 24, y: 16 });
+  label("0", { x: L - 12, y: H - B });
+  label("since its first push", { x: L + 10, y: H - 6 });
+  label(span(maxX), { x: W - 60, y: H - 6 });
+  const colors = ["#2e7d32", "#1565c0", "#ef6c00", "#6a1b9a"];
+  const legend = el("div", { class: "legend" });
+  shown.forEach((r, i) => {
+    // A step for each node that took it, when it answered.
+    let d = "M" + x(0) + "," + y(0);
+    let nodes = 0;
+    for (const p of r.acceptance) {
+      d += " L" + x(p.seconds) + "," + y(nodes) + " L" + x(p.seconds) + "," + y(p.nodes);
+      nodes = p.nodes;
+    }
+    d += " L" + x(maxX) + "," + y(nodes);
+    root.append(svg("path", { d, fill: "none", stroke: colors[i], "stroke-width": 2 }));
+    const key = el("span", { class: "key", text: r.type + " " + r.version + ": " + nodes + " of " + r.pushed });
+    key.style.borderColor = colors[i];
+    legend.append(key);
+  });
+  box.append(root, legend);
+}
+
+function verdictLine(v) {
+  const parts = [v.time, v.node, v.type, v.kind.toUpperCase(), v.version];
+  if (v.kind === "ack" || v.kind === "nack") parts.push(Math.round(v.latency_ms) + "ms");
+  const line = el("span", { text: parts.join("  ") });
+  const out = el("span", {}, line);
+  if (v.kind === "nack") {
+    if (v.nack_scope === "partial") out.append(el("span", { text: "  " + v.rejected.join(", ") + " rejected; " + (v.applied.join(", ") || "nothing else") + " applied" }));
+    if (v.suspects.length && v.nack_scope !== "partial") out.append(el("span", { text: "  suspects: " + v.suspects.join(", ") }));
+    out.append(el("div", { class: "msg", text: v.error_message }));
+  }
+  const link = traceLink(v.trace_id, "trace");
+  if (link) out.append(" ", link);
+  return out;
+}
+
+function addVerdict(v, fresh) {
+  const key = [v.time, v.node, v.type_url, v.nonce, v.kind].join("|");
+  if (verdicts.some((w) => w.key === key)) return;
+  v.key = key;
+  verdicts.unshift(v);
+  verdicts.length = Math.min(verdicts.length, FEED_KEPT);
+  const li = el("li", { class: v.kind + (fresh ? " fresh" : ""), "data-kind": v.kind, "data-node": v.node }, verdictLine(v));
+  const feed = $("feed");
+  feed.prepend(li);
+  while (feed.children.length > FEED_KEPT) feed.lastChild.remove();
+}
+
+function linkState(live, text) {
+  const l = $("link");
+  l.className = "link " + (live ? "live" : "lost");
+  l.textContent = text;
+}
+
+let pending = null;
+let lastRefresh = 0;
+let unlisted = 0;
+function refreshSoon(ms) {
+  if (pending) return;
+  const wait = Math.max(ms, lastRefresh + REFRESH_GAP_MS - Date.now());
+  pending = setTimeout(() => { pending = null; refresh(); }, wait);
+}
+
+async function refresh() {
+  lastRefresh = Date.now();
+  try {
+    const [s, r] = await Promise.all([fetch("/status"), fetch("/rollouts")]);
+    if (!s.ok || !r.ok) throw new Error("HTTP " + s.status + "/" + r.status);
+    status = await s.json();
+    rollouts = await r.json();
+    $("updated").textContent = "as of " + status.generated_at;
+    renderFleet();
+    renderRollouts();
+    for (const id of open) loadResources(id);
+  } catch (e) {
+    linkState(false, "lost the tap (" + e.message + "); trying again");
+  }
+}
+
+function listen() {
+  const events = new EventSource("/events");
+  events.onopen = () => linkState(true, "live");
+  events.onerror = () => linkState(false, "lost the tap; reconnecting…");
+  // Each message: the verdicts decided since the last, oldest first, and how many more there
+  // were than the tap listed (in a storm it sends every NACK and a sample of the rest).
+  events.onmessage = (m) => {
+    let batch;
+    try { batch = JSON.parse(m.data); } catch (_) { return; }
+    for (const v of batch.verdicts) addVerdict(v, true);
+    if (batch.more > 0) {
+      unlisted += batch.more;
+      $("unlisted").textContent = unlisted + " more verdicts decided than listed here (every NACK is)";
+    }
+    if (batch.verdicts.length || batch.more) {
+      refreshSoon(batch.verdicts.some((v) => v.kind === "nack") ? 100 : 500);
+    }
+  };
+}
+
+async function start() {
+  for (const id of ["node-filter", "cluster-filter"]) $(id).addEventListener("input", renderFleet);
+  try {
+    const c = await fetch("/ui/config");
+    if (c.ok) config = await c.json();
+  } catch (_) { /* no trace links */ }
+  await refresh();
+  listen();
+  setInterval(refresh, 5000);
+}
+
+start();

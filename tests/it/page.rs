@@ -1,0 +1,238 @@
+//! The live page at the admin address, in a real headless Chromium against a tap with real
+//! Envoys: the Envoy's row shows; a NACK appears in Envoy's own words within 2 s of Envoy's
+//! answer, with no reload; the rollout bar's counts equal `/rollouts`; a version links to its
+//! trace, the one the exported spans carry; a node id carrying markup shows as text and makes
+//! no element; a node opens to its NACK and its resources; the page asks nothing of any address
+//! but the tap's. Then the demo's story with `--admin`, and a screenshot of the page after it
+//! (written to `XDSTAP_PAGE_SHOT`, e.g. docs/page.png, when set).
+
+use crate::support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::browser::Browser;
+use support::control_plane::ControlPlane;
+use support::envoy::{Envoy, Xds};
+use support::otlp::Receiver;
+use support::resources::{Snapshot, CDS};
+use support::tap::XdsTap;
+use xdstap::api::tap::RolloutReport;
+
+/// `s` as a JavaScript string literal.
+fn js(s: &str) -> String {
+    serde_json::to_string(s).unwrap()
+}
+
+const TRACES: &str = "http://jaeger.example:16686/trace/{trace_id}";
+const MARKUP: &str = "<img src=x onerror=window.__pwned=1>";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_the_fleet_live_and_safely() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cp_addr = listener.local_addr().unwrap().to_string();
+    let cp = ControlPlane::new(Snapshot::standard("v1", 1000, 1000, 9));
+    let _server = cp.serve(listener);
+    let receiver = Receiver::grpc().await;
+    let tap = XdsTap::with_flags(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        &cp_addr,
+        "--admin",
+        "127.0.0.1:0",
+        "--otlp-endpoint",
+        &receiver.endpoint,
+        "--otlp-protocol",
+        "grpc",
+        "--trace-url",
+        TRACES,
+    ])
+    .await;
+    let admin = tap.admin.clone();
+    let _envoy = Envoy::start("envoy-1", Xds::Tcp(tap.tap.addr.clone()), false).await;
+
+    let page = format!("http://{admin}/");
+    let (mut browser, session) = tokio::task::spawn_blocking(move || {
+        let mut b = Browser::start(1400, 1000);
+        let s = b.open(&page);
+        (b, s)
+    })
+    .await
+    .unwrap();
+    let row = |node: &str, ty: &str, state: &str| {
+        format!(
+            "[...document.querySelectorAll('tr.node')].some(r => r.dataset.node === {} && \
+             r.querySelector('td[data-type={ty}]').dataset.state === '{state}')",
+            js(node)
+        )
+    };
+    browser.until(&session, 30, &row("envoy-1", "CDS", "SYNCED"));
+    browser.eval(&session, "window.__mark = 42; true");
+
+    // v2 holds a cluster Envoy rejects: the NACK, in Envoy's words, without a reload.
+    cp.set(Snapshot::standard("v2", 2000, 0, 9));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (message, answered) = loop {
+        let nack = (cp.sent().into_iter())
+            .filter(|s| s.type_url == CDS && s.version == "v2")
+            .find_map(|s| cp.answer_to(&s.nonce).and_then(|a| a.error));
+        if let Some((_, message)) = nack {
+            break (message, Instant::now());
+        }
+        assert!(Instant::now() < deadline, "Envoy never answered v2");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let shown = format!(
+        "[...document.querySelectorAll('#feed li.nack .msg')].some(e => e.textContent === {})",
+        js(&message)
+    );
+    browser.until(&session, 2, &shown);
+    let after = answered.elapsed();
+    println!("the NACK on the page {after:?} after the control plane had Envoy's answer");
+    assert!(after < Duration::from_secs(2), "{after:?}");
+    assert_eq!(browser.eval(&session, "window.__mark"), 42, "no reload");
+    browser.until(&session, 5, &row("envoy-1", "CDS", "NACKED"));
+
+    // The rollout bar counts what /rollouts counts; the version links to its trace.
+    let (_, body) = support::http_get(&admin, "/rollouts?version=v2&type=CDS").await;
+    let v2 = serde_json::from_str::<RolloutReport>(&body)
+        .unwrap()
+        .rollouts
+        .remove(0);
+    assert_eq!((v2.pushed, v2.nacked), (1, 1));
+    let bar = "document.querySelector('.rollout[data-type=CDS][data-version=v2] .bar')";
+    let counts = format!(
+        "(b => b && b.dataset.pushed === '{}' && b.dataset.acked === '{}' && \
+         b.dataset.nacked === '{}' && b.dataset.pending === '{}' && \
+         b.dataset.superseded === '{}' && b.dataset.unanswered === '{}')({bar})",
+        v2.pushed, v2.acked, v2.nacked, v2.pending, v2.superseded, v2.unanswered
+    );
+    browser.until(&session, 10, &counts);
+    assert_eq!(v2.trace_id.len(), 32, "{v2:?}");
+    let link = browser.eval(
+        &session,
+        "document.querySelector('.rollout[data-version=v2] a').href",
+    );
+    assert_eq!(link, TRACES.replace("{trace_id}", &v2.trace_id));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(receiver.spans().iter()).any(|s| s.trace_id() == v2.trace_id) {
+        assert!(
+            Instant::now() < deadline,
+            "no span in trace {}",
+            v2.trace_id
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // A node id that is markup is text: no element, no script.
+    let _markup = Envoy::start(MARKUP, Xds::Tcp(tap.tap.addr.clone()), false).await;
+    let as_text = format!(
+        "[...document.querySelectorAll('tr.node')].some(r => r.dataset.node === {0} && \
+         r.cells[0].textContent === {0})",
+        js(MARKUP)
+    );
+    browser.until(&session, 30, &as_text);
+    assert_eq!(
+        browser.eval(&session, "document.querySelectorAll('img').length"),
+        0
+    );
+    assert_eq!(browser.eval(&session, "typeof window.__pwned"), "undefined");
+
+    // A node opens to its NACK and its resources.
+    browser.eval(
+        &session,
+        "[...document.querySelectorAll('tr.node')].find(r => r.dataset.node === 'envoy-1').click(); true",
+    );
+    let opened = format!(
+        "(d => !!d && d.textContent.includes('CDS rejected v2') && \
+         [...d.querySelectorAll('.msg')].some(e => e.textContent === {}) && \
+         [...d.querySelectorAll('td')].some(t => t.textContent === 'NACKED'))\
+         (document.querySelector('td.detail'))",
+        js(&message)
+    );
+    browser.until(&session, 10, &opened);
+
+    // Everything the page asked for, it asked of the tap.
+    let requests = browser.requests();
+    assert!(
+        requests.iter().any(|u| u.ends_with("/events")),
+        "{requests:?}"
+    );
+    let foreign: Vec<&String> = (requests.iter())
+        .filter(|u| !u.starts_with(&format!("http://{admin}/")))
+        .collect();
+    assert!(foreign.is_empty(), "requests elsewhere: {foreign:?}");
+    // The policy the page runs under allows nothing else either.
+    let (code, _) = support::http_get(&admin, "/").await;
+    assert_eq!(code, 200);
+    drop(browser);
+    tap.close().await;
+}
+
+/// The demo's story told with `--admin`, then the page as it shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_after_the_demo() {
+    let admin = support::free_addr();
+    let mut demo = Command::new(env!("CARGO_BIN_EXE_xdstap"))
+        .args([
+            "demo", "--client", "envoy", "--color", "never", "--admin", &admin,
+        ])
+        .arg("--envoy")
+        .arg(support::envoy::binary())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(demo.stdout.take().unwrap());
+    let mut demo = support::Child(demo);
+    let mut told = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "the demo ended:\n{told}"
+        );
+        told.push_str(&line);
+        if line.starts_with("The page: http://") {
+            break;
+        }
+    }
+    let url = format!("http://{admin}/");
+    let shot = tokio::task::spawn_blocking(move || {
+        let mut b = Browser::start(1280, 1000);
+        let s = b.open(&url);
+        // The story's rollouts, a NACK among them, and the curve of acceptance.
+        b.until(&s, 30, "document.querySelectorAll('.rollout').length >= 5");
+        b.until(
+            &s,
+            10,
+            "document.querySelectorAll('#feed li.nack').length > 0",
+        );
+        b.until(
+            &s,
+            10,
+            "document.querySelectorAll('#curve path').length > 0",
+        );
+        // Its node opens to its verdicts and resources, and closes again for the picture.
+        b.eval(&s, "document.querySelector('tr.node').click(); true");
+        b.until(&s, 10, "!!document.querySelector('td.detail h3')");
+        b.eval(&s, "document.querySelector('tr.node').click(); true");
+        b.until(&s, 10, "!document.querySelector('td.detail')");
+        std::thread::sleep(Duration::from_millis(300));
+        b.screenshot(&s)
+    })
+    .await
+    .unwrap();
+    assert_eq!(&shot[..8], b"\x89PNG\r\n\x1a\n", "a PNG");
+    assert!(shot.len() > 20_000, "{} bytes", shot.len());
+    if let Some(path) = std::env::var_os("XDSTAP_PAGE_SHOT") {
+        std::fs::write(&path, &shot).unwrap();
+    }
+    demo.terminate();
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut out, &mut rest);
+    told.push_str(&rest);
+    assert!(told.contains("Story played as expected: yes"), "{told}");
+}

@@ -59,6 +59,9 @@ pub enum AskError {
         /// The tap's answer.
         status: tonic::Status,
     },
+    /// Several taps asked, and none answered.
+    #[error("no tap answered: {}", .0.join("; "))]
+    Nobody(Vec<String>),
 }
 
 impl AskError {

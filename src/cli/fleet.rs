@@ -174,7 +174,10 @@ pub fn split<T>(answers: Vec<(String, Result<T, AskError>)>) -> Result<Answers<T
         }
     }
     match (ok.is_empty(), first) {
-        (true, Some(e)) => Err(e),
+        (true, Some(e)) if taps.len() == 1 => Err(e),
+        (true, Some(_)) => Err(AskError::Nobody(
+            taps.into_iter().map(|t| t.error).collect(),
+        )),
         _ => Ok((ok, taps)),
     }
 }
@@ -196,7 +199,7 @@ pub fn missing_lines(taps: &[TapAnswer]) -> String {
         taps.len()
     );
     for t in missing {
-        out.push_str(&format!("  {}: {}\n", t.admin, t.error));
+        out.push_str(&format!("  {}\n", t.error));
     }
     out
 }

@@ -131,10 +131,8 @@ fn next_cds(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_taps_answer_as_one_and_a_stopped_one_is_named() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let cp_addr = listener.local_addr().unwrap().to_string();
-    let cp = ControlPlane::new(Snapshot::standard("v1", 1000, 1000, 9));
-    let _server = cp.serve(listener);
+    let (cp, cp_addr, _server) =
+        ControlPlane::listening(Snapshot::standard("v1", 1000, 1000, 9)).await;
     let port = shared_port();
     let (a_admin, b_admin) = (format!("127.0.0.1:{port}"), format!("[::1]:{port}"));
     let a = tap_at(&cp_addr, &a_admin).await;

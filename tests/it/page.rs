@@ -30,10 +30,8 @@ const MARKUP: &str = "<img src=x onerror=window.__pwned=1>";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_shows_the_fleet_live_and_safely() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let cp_addr = listener.local_addr().unwrap().to_string();
-    let cp = ControlPlane::new(Snapshot::standard("v1", 1000, 1000, 9));
-    let _server = cp.serve(listener);
+    let (cp, cp_addr, _server) =
+        ControlPlane::listening(Snapshot::standard("v1", 1000, 1000, 9)).await;
     let receiver = Receiver::grpc().await;
     let tap = XdsTap::with_flags(&[
         "--listen",

@@ -94,6 +94,15 @@ impl ControlPlane {
         }
     }
 
+    /// A control plane serving `snapshot` on a loopback port: it, its address and its task.
+    pub async fn listening(snapshot: Snapshot) -> (Self, String, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let cp = ControlPlane::new(snapshot);
+        let server = cp.serve(listener);
+        (cp, addr, server)
+    }
+
     /// Serves on `listener` until `stop` is called; returns the server task.
     pub fn serve(&self, listener: tokio::net::TcpListener) -> tokio::task::JoinHandle<()> {
         self.inner.stop.send_replace(false);

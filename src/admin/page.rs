@@ -1,8 +1,8 @@
 //! The live page at `/`: the fleet's sync state, the rollouts and verdicts as they come. Three
 //! files compiled into the binary (`page/`: HTML, CSS, a script with no dependencies), the
 //! page's settings at `/ui/config`, and `/events`, verdicts as server-sent events: the tap's
-//! recent ones first, then every quarter second those decided meanwhile (in a storm every NACK
-//! and a sample of the rest, the others counted). The page reads `/status` and `/rollouts` like
+//! recent ones first, then every quarter second those decided meanwhile (in a storm the NACKs
+//! first and a sample of the rest, the others counted). The page reads `/status` and `/rollouts` like
 //! any client. Every answer carries a Content-Security-Policy that lets the page load and fetch
 //! from the tap alone and run no inline script; the script writes network strings as text.
 
@@ -21,7 +21,7 @@ use tonic::body::Body;
 use super::api::Seat;
 use super::Admin;
 use crate::api::tap::WatchEvent;
-use crate::sinks::watch::{watched_event, VERDICTS};
+use crate::sinks::watch::{bounded, watched_event, VERDICTS};
 
 const INDEX: &str = include_str!("page/index.html");
 const SCRIPT: &str = include_str!("page/page.js");
@@ -78,8 +78,8 @@ const BATCH: Duration = Duration::from_millis(250);
 const BATCH_NACKS: usize = 50;
 const BATCH_OTHERS: usize = 20;
 
-/// One message of `/events`: verdicts as the API shows them, oldest first, and how many more
-/// were decided than listed.
+/// One message of `/events`: verdicts as the API shows them ([`bounded`]), oldest first, and
+/// how many more were decided than listed.
 #[derive(serde::Serialize)]
 struct Batch<'a> {
     verdicts: &'a [WatchEvent],
@@ -130,7 +130,7 @@ fn events(admin: &Admin) -> Response<Body> {
                 false => (&mut others, BATCH_OTHERS),
             };
             match (list.len() < cap).then(|| watched_event(&e, traces.as_ref())).flatten() {
-                Some(w) => list.push(w),
+                Some(w) => list.push(bounded(w)),
                 None => more += 1,
             }
         }

@@ -2,15 +2,15 @@
 //! verdict, warming change and peer fault goes to a broadcast channel while anyone listens, and
 //! costs nothing when no one does. A watcher that reads too slowly misses events, never slows
 //! the sinks: it is told how many it missed. The last [`RECENT`] verdicts are kept as the API
-//! shows them (names, versions and messages, each message cut to [`RECENT_MESSAGE`] bytes), so
-//! a page opened late still shows what just happened.
+//! shows them, [`bounded`] (names, versions and messages), so a page opened late still shows
+//! what just happened.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::broadcast;
 
-use super::record::rfc3339;
+use super::record::{rfc3339, NAMES_CAP};
 use super::spans::TraceIds;
 use super::Sink;
 use crate::api::tap::WatchEvent;
@@ -21,8 +21,8 @@ use crate::xds::short_type;
 pub const WATCH_BUFFER: usize = 4096;
 /// Verdicts kept for a page that opens late.
 pub const RECENT: usize = 256;
-/// The most of a message a kept verdict holds (the whole one is in `/status`).
-pub const RECENT_MESSAGE: usize = 4096;
+/// The most of a message a kept or paged verdict holds (the whole one is in `/status`).
+pub const MESSAGE_CAP: usize = 4096;
 
 /// The verdicts a watcher sees unless told which.
 pub const VERDICTS: [&str; 4] = ["ack", "nack", "superseded", "unanswered"];
@@ -166,6 +166,23 @@ pub fn watched_event(event: &Event, traces: Option<&TraceIds>) -> Option<WatchEv
     Some(w)
 }
 
+/// `w` cut to what a page is sent and the ring keeps: messages to [`MESSAGE_CAP`] bytes, name
+/// lists to their first [`NAMES_CAP`] (as the status board keeps them), so what one verdict
+/// holds does not grow with the size of its push.
+pub fn bounded(mut w: WatchEvent) -> WatchEvent {
+    cut(&mut w.error_message, MESSAGE_CAP);
+    cut(&mut w.end_message, MESSAGE_CAP);
+    for names in [
+        &mut w.suspects,
+        &mut w.rejected,
+        &mut w.applied,
+        &mut w.waiting_for,
+    ] {
+        names.truncate(NAMES_CAP);
+    }
+    w
+}
+
 /// `s` cut to at most `max` bytes, at a character boundary, marked when cut.
 fn cut(s: &mut String, max: usize) {
     if s.len() > max {
@@ -183,10 +200,8 @@ impl Sink for Watchers {
         if !watched(event) {
             return;
         }
-        if let (Event::Verdict { .. }, Some(mut w)) = (event, watched_event(event, self.traces()))
-        {
-            cut(&mut w.error_message, RECENT_MESSAGE);
-            cut(&mut w.end_message, RECENT_MESSAGE);
+        if let (Event::Verdict { .. }, Some(w)) = (event, watched_event(event, self.traces())) {
+            let w = bounded(w);
             let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
             if recent.len() == RECENT {
                 recent.pop_front();
@@ -212,5 +227,24 @@ mod tests {
         let mut short = "ok".to_string();
         cut(&mut short, 5);
         assert_eq!(short, "ok");
+    }
+
+    /// What a page is sent of a NACK of a large push does not grow with the push.
+    #[test]
+    fn a_kept_verdict_is_bounded_whatever_its_push() {
+        let names: Vec<String> = (0..10_000).map(|i| format!("cluster-{i}")).collect();
+        let w = bounded(WatchEvent {
+            error_message: "x".repeat(100_000),
+            applied: names.clone(),
+            rejected: names.clone(),
+            suspects: names.clone(),
+            waiting_for: names,
+            ..Default::default()
+        });
+        assert!(w.error_message.len() <= MESSAGE_CAP + " …".len());
+        for list in [&w.applied, &w.rejected, &w.suspects, &w.waiting_for] {
+            assert_eq!(list.len(), NAMES_CAP);
+            assert_eq!(list[0], "cluster-0");
+        }
     }
 }

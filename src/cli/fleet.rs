@@ -7,12 +7,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
+use std::process::ExitCode;
 
 use super::client::{AdminClient, AskError};
 use crate::api::tap::{
     NackGroup, NodeStatus, Rollout, RolloutNode, RolloutReport, StatusReport, TapAnswer,
 };
 use crate::proxy::Endpoint;
+use crate::sinks::rollout::Standing;
 
 /// Nodes listed per list of a merged rollout (as a tap lists them).
 const LISTED: usize = 20;
@@ -187,6 +189,46 @@ pub fn is_partial(taps: &[TapAnswer]) -> bool {
     taps.iter().any(|t| !t.error.is_empty())
 }
 
+/// Says on standard error, for `command`, which taps did not answer, when some did not; and
+/// whether some did not.
+pub fn warn_partial(command: &str, taps: &[TapAnswer]) -> bool {
+    let partial = is_partial(taps);
+    if partial {
+        eprintln!("xdstap {command}: {}", not_all(taps));
+    }
+    partial
+}
+
+/// `partial answer: N of M taps did not answer (A, B)`.
+pub fn not_all(taps: &[TapAnswer]) -> String {
+    let missing: Vec<&str> = (taps.iter())
+        .filter(|t| !t.error.is_empty())
+        .map(|t| t.admin.as_str())
+        .collect();
+    format!(
+        "partial answer: {} of {} taps did not answer ({})",
+        missing.len(),
+        taps.len(),
+        missing.join(", ")
+    )
+}
+
+/// A command's exit code: 1 when something is wrong, else 4 when some tap did not answer (an
+/// all-clear from some taps is no all-clear), else 0.
+pub fn exit(problem: bool, partial: bool) -> ExitCode {
+    ExitCode::from(match (problem, partial) {
+        (true, _) => 1,
+        (false, true) => super::EX_PARTIAL,
+        (false, false) => 0,
+    })
+}
+
+/// The exit code of an answer that found nothing: `code`, or 4 when some tap did not answer
+/// (it may hold what was asked for).
+pub fn not_found(code: u8, partial: bool) -> ExitCode {
+    ExitCode::from(if partial { super::EX_PARTIAL } else { code })
+}
+
 /// The lines that name the taps that did not answer (none when all did), for under a table.
 pub fn missing_lines(taps: &[TapAnswer]) -> String {
     let missing: Vec<&TapAnswer> = taps.iter().filter(|t| !t.error.is_empty()).collect();
@@ -238,16 +280,9 @@ pub fn status(answers: Vec<(String, StatusReport)>, taps: Vec<TapAnswer>) -> Sta
     merged
 }
 
-/// How a node stands, worst first (as a tap lists the nodes behind a version).
-fn rank(state: &str) -> u8 {
-    match state {
-        "nacked" => 0,
-        "partial" => 1,
-        "unanswered" => 2,
-        "pending" => 3,
-        "superseded" => 4,
-        _ => 5,
-    }
+/// How a node stands, as a tap names it; an unknown name ranks with the accepted.
+fn standing(n: &RolloutNode) -> Standing {
+    Standing::from_label(&n.state).unwrap_or(Standing::Acked)
 }
 
 /// One version of one type over the taps that pushed it: each node as its newest push left
@@ -318,27 +353,28 @@ fn version(v: Version) -> Rollout {
     let mut groups: Vec<(String, NackGroup)> = Vec::new();
     let mut behind: Vec<&RolloutNode> = Vec::new();
     for (n, group) in v.nodes.values() {
-        match n.state.as_str() {
-            "acked" => r.acked += 1,
-            "nacked" => r.nacked += 1,
-            "partial" => {
+        let s = standing(n);
+        match s {
+            Standing::Acked => r.acked += 1,
+            Standing::Nacked => r.nacked += 1,
+            Standing::Partial => {
                 r.nacked += 1;
                 r.partial += 1;
             }
-            "superseded" => r.superseded += 1,
-            "unanswered" => r.unanswered += 1,
-            _ => r.pending += 1,
+            Standing::Superseded => r.superseded += 1,
+            Standing::Unanswered => r.unanswered += 1,
+            Standing::Pending => r.pending += 1,
         }
         latencies.extend(n.latency_ms);
-        match n.state.as_str() {
-            "acked" if r.acked_nodes.len() < LISTED => r.acked_nodes.push(n.node.clone()),
-            "acked" => {}
+        match s {
+            Standing::Acked if r.acked_nodes.len() < LISTED => r.acked_nodes.push(n.node.clone()),
+            Standing::Acked => {}
             _ => behind.push(n),
         }
         if let Some(g) = group {
             let key = crate::sinks::rollout::group_key(&g.message);
-            let at = match groups.iter().position(|(k, _)| *k == key) {
-                Some(at) => at,
+            let i = match groups.iter().position(|(k, _)| *k == key) {
+                Some(i) => i,
                 None => {
                     let fresh = NackGroup {
                         nodes: 0,
@@ -349,7 +385,7 @@ fn version(v: Version) -> Rollout {
                     groups.len() - 1
                 }
             };
-            let merged = &mut groups[at].1;
+            let merged = &mut groups[i].1;
             merged.nodes += 1;
             if merged.examples.len() < EXAMPLES {
                 merged.examples.push(n.node.clone());
@@ -364,7 +400,7 @@ fn version(v: Version) -> Rollout {
     (r.latency_p50_ms, r.latency_p90_ms) = (pct(0.5), pct(0.9));
     r.latency_max_ms = latencies.last().copied().unwrap_or(0.0);
     behind.sort_by(|a, b| {
-        (rank(&a.state), &a.pushed_at, &a.node).cmp(&(rank(&b.state), &b.pushed_at, &b.node))
+        (standing(a), &a.pushed_at, &a.node).cmp(&(standing(b), &b.pushed_at, &b.node))
     });
     r.behind = behind.into_iter().take(LISTED).cloned().collect();
     groups.sort_by_key(|(_, g)| std::cmp::Reverse(g.nodes));
@@ -378,14 +414,14 @@ fn version(v: Version) -> Rollout {
 fn moved_on(all: &mut [Rollout]) {
     let mut acked: HashMap<(&str, &str), Vec<&str>> = HashMap::new();
     for r in all.iter() {
-        for n in r.nodes.iter().filter(|n| n.state == "acked") {
+        for n in r.nodes.iter().filter(|n| standing(n) == Standing::Acked) {
             acked.entry((&r.type_url, &n.node)).or_default().push(&r.first_push);
         }
     }
     let counts: Vec<u64> = (all.iter())
         .map(|r| {
             (r.nodes.iter())
-                .filter(|n| matches!(n.state.as_str(), "nacked" | "partial" | "unanswered"))
+                .filter(|n| standing(n).missed())
                 .filter(|n| {
                     (acked.get(&(r.type_url.as_str(), n.node.as_str())))
                         .is_some_and(|firsts| firsts.iter().any(|f| **f > *r.first_push))

@@ -7,9 +7,10 @@ use std::process::ExitCode;
 
 use super::client::{block_on, AskError};
 use super::fleet::{self, Fleet};
-use super::status::{age, landed, not_all, one_line};
-use super::{table, RolloutArgs, EX_PARTIAL};
+use super::status::{age, landed, one_line};
+use super::{table, RolloutArgs};
 use crate::api::tap::{Rollout, RolloutReport, RolloutsRequest};
+use crate::sinks::rollout::type_wanted;
 
 /// `xdstap rollout`.
 pub fn run(args: &RolloutArgs) -> ExitCode {
@@ -29,10 +30,7 @@ async fn rollout(args: &RolloutArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => return e.exit("rollout"),
     };
-    let partial = fleet::is_partial(&report.taps);
-    if partial {
-        eprintln!("xdstap rollout: {}", not_all(&report.taps));
-    }
+    let partial = fleet::warn_partial("rollout", &report.taps);
     if let (Some(v), true) = (version, report.rollouts.is_empty()) {
         let kept = match fetch(&mut taps, None, &args.types).await {
             Ok(all) => versions(&all),
@@ -40,14 +38,10 @@ async fn rollout(args: &RolloutArgs) -> ExitCode {
         };
         eprintln!("xdstap rollout: no tap that answered has seen version {v:?} pushed{kept}");
         print!("{}", fleet::missing_lines(&report.taps));
-        return ExitCode::from(if partial { EX_PARTIAL } else { 1 });
+        return fleet::not_found(1, partial);
     }
     args.output.print(&report, render);
-    match (is_failing(&report), partial) {
-        (true, _) => ExitCode::from(1),
-        (false, true) => ExitCode::from(EX_PARTIAL),
-        (false, false) => ExitCode::SUCCESS,
-    }
+    fleet::exit(is_failing(&report), partial)
 }
 
 /// `; versions kept: CDS v3, v2; LDS v1` (nothing when none are).
@@ -81,18 +75,10 @@ async fn run_resource(taps: &mut Fleet, args: &RolloutArgs, name: &str, version:
         Ok(r) => r,
         Err(e) => return e.exit("rollout"),
     };
-    let partial = fleet::is_partial(&answered);
-    if partial {
-        eprintln!("xdstap rollout: {}", not_all(&answered));
-    }
+    let partial = fleet::warn_partial("rollout", &answered);
     let text = |r: &serde_json::Value, k: &str| r[k].as_str().unwrap_or("").to_string();
     let wanted = |r: &&serde_json::Value| {
-        r["name"] == name
-            && (args.types.is_empty()
-                || (args.types.iter()).any(|t| {
-                    r["type"].as_str().is_some_and(|s| s.eq_ignore_ascii_case(t))
-                        || r["type_url"] == t.as_str()
-                }))
+        r["name"] == name && type_wanted(&args.types, r["type_url"].as_str().unwrap_or(""))
     };
     let mut table_rows = vec![["NODE", "TYPE", "RUNS", "STATE", "OF VERSION"]
         .iter()
@@ -132,7 +118,7 @@ async fn run_resource(taps: &mut Fleet, args: &RolloutArgs, name: &str, version:
     if found.is_empty() {
         eprintln!("xdstap rollout: no node has or asks for a resource named {name:?}");
         print!("{}", fleet::missing_lines(&answered));
-        return ExitCode::from(if partial { EX_PARTIAL } else { 1 });
+        return fleet::not_found(1, partial);
     }
     let json = serde_json::json!({
         "resource": name, "version": version, "runs": runs, "rejected": rejected,
@@ -156,11 +142,7 @@ async fn run_resource(taps: &mut Fleet, args: &RolloutArgs, name: &str, version:
             print!("{}", fleet::missing_lines(&answered));
         }
     }
-    match (rejected > 0, partial) {
-        (true, _) => ExitCode::from(1),
-        (false, true) => ExitCode::from(EX_PARTIAL),
-        (false, false) => ExitCode::SUCCESS,
-    }
+    fleet::exit(rejected > 0, partial)
 }
 
 /// The rollout view of every tap, as one (with every tap asked, and whether it answered).

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use super::client::{block_on, AdminClient, AskError};
 use super::fleet::{self, Fleet};
-use super::{table, StatusArgs, EX_NO_NODE, EX_PARTIAL};
+use super::{table, StatusArgs, EX_NO_NODE};
 use crate::api::tap::{NodeStatus, StatusReport, StatusRequest, SyncState, TypeStatus};
 
 /// `xdstap status`: fetch, print, and say by the exit status whether anything needs attention.
@@ -40,34 +40,13 @@ async fn status(args: &StatusArgs) -> ExitCode {
         Ok((answers, taps)) => fleet::status(answers, taps),
         Err(e) => return e.exit("status"),
     };
-    let partial = fleet::is_partial(&report.taps);
-    if partial {
-        eprintln!("xdstap status: {}", not_all(&report.taps));
-    }
+    let partial = fleet::warn_partial("status", &report.taps);
     if let (Some(id), true) = (args.node.as_deref(), report.nodes.is_empty()) {
         eprintln!("xdstap status: no tap that answered knows a node {id:?}");
-        return ExitCode::from(if partial { EX_PARTIAL } else { EX_NO_NODE });
+        return fleet::not_found(EX_NO_NODE, partial);
     }
     args.output.print(&report, render);
-    match (has_problems(&report), partial) {
-        (true, _) => ExitCode::from(1),
-        (false, true) => ExitCode::from(EX_PARTIAL),
-        (false, false) => ExitCode::SUCCESS,
-    }
-}
-
-/// `N of M taps did not answer: A, B`, for standard error.
-pub fn not_all(taps: &[crate::api::tap::TapAnswer]) -> String {
-    let missing: Vec<&str> = (taps.iter())
-        .filter(|t| !t.error.is_empty())
-        .map(|t| t.admin.as_str())
-        .collect();
-    format!(
-        "partial answer: {} of {} taps did not answer ({})",
-        missing.len(),
-        taps.len(),
-        missing.join(", ")
-    )
+    fleet::exit(has_problems(&report), partial)
 }
 
 /// `xdstap status --node N --resources`: one line per resource of N, over CSDS.
@@ -76,13 +55,10 @@ async fn resources(taps: &mut Fleet, node: &str, output: super::Output) -> ExitC
         Ok(r) => r,
         Err(e) => return e.exit("status"),
     };
-    let partial = fleet::is_partial(&answered);
-    if partial {
-        eprintln!("xdstap status: {}", not_all(&answered));
-    }
+    let partial = fleet::warn_partial("status", &answered);
     if rows.is_empty() {
         eprintln!("xdstap status: no tap that answered knows resources of node {node:?}");
-        return ExitCode::from(if partial { EX_PARTIAL } else { EX_NO_NODE });
+        return fleet::not_found(EX_NO_NODE, partial);
     }
     // DOES_NOT_EXIST with an error: its TTL lapsed, the client dropped it.
     let bad = |r: &serde_json::Value| match r["client"].as_str() {
@@ -95,11 +71,7 @@ async fn resources(taps: &mut Fleet, node: &str, output: super::Output) -> ExitC
     if output != super::Output::Json {
         print!("{}", fleet::missing_lines(&answered));
     }
-    match (problems, partial) {
-        (true, _) => ExitCode::from(1),
-        (false, true) => ExitCode::from(EX_PARTIAL),
-        (false, false) => ExitCode::SUCCESS,
-    }
+    fleet::exit(problems, partial)
 }
 
 /// The resources of node `node` (or of every node) as CSDS gives them, one JSON object each,

@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 use super::client::block_on;
 use super::fleet::{self, Fleet};
 use super::rollout::details;
-use super::status::not_all;
 use super::{WaitArgs, EX_PARTIAL};
 use crate::api::tap::Rollout;
 
@@ -110,7 +109,7 @@ fn timed_out(args: &WaitArgs, started: Instant, report: &crate::api::tap::Rollou
             "xdstap wait: timed out after {waited}: every tap that answered says version {} is \
              taken, but {}",
             args.version,
-            not_all(&report.taps)
+            fleet::not_all(&report.taps)
         );
     } else if rollouts.is_empty() {
         eprintln!(

@@ -172,16 +172,18 @@ pub fn line(e: &WatchEvent, wide: bool) -> String {
     // A NACK waits for nothing: what it names are the endpoints the push would have needed.
     match (e.kind.as_str(), e.waiting_for.is_empty()) {
         ("warming", true) => add(&mut s, "every cluster has its endpoints".into()),
-        ("warming" | "pending", false) => add(
-            &mut s,
-            format!("waiting for endpoints of {}", e.waiting_for.join(", ")),
-        ),
+        ("nack", false) => {}
         ("ack", false) => add(
             &mut s,
             format!(
                 "after the fetch timeout, without endpoints of {}",
                 e.waiting_for.join(", ")
             ),
+        ),
+        // Warming, or a push superseded or left unanswered while its clusters waited.
+        (_, false) => add(
+            &mut s,
+            format!("waiting for endpoints of {}", e.waiting_for.join(", ")),
         ),
         _ => {}
     }
@@ -243,9 +245,15 @@ mod tests {
         assert!(!l.contains("waiting for") && l.contains("running what it ran before"), "{l}");
         let late = WatchEvent {
             kind: "ack".into(),
-            ..e
+            ..e.clone()
         };
         assert!(line(&late, false).contains("after the fetch timeout, without endpoints of backend"));
+        // A push replaced while its clusters waited did wait.
+        let replaced = WatchEvent {
+            kind: "superseded".into(),
+            ..e
+        };
+        assert!(line(&replaced, false).contains("waiting for endpoints of backend"));
     }
 
     #[test]

@@ -44,20 +44,36 @@ impl Default for RolloutSettings {
     }
 }
 
-/// Where one node stands with one version.
+/// Where one node stands with one version, worst first (the order nodes behind a version are
+/// listed in).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Standing {
+pub enum Standing {
+    /// It rejected the version.
     Nacked,
     /// NACKed in part: it runs the rest of the version.
     Partial,
+    /// Its stream ended before it answered.
     Unanswered,
+    /// Still to answer.
     Pending,
+    /// A newer push replaced it before the node answered.
     Superseded,
+    /// It accepted it.
     Acked,
 }
 
 impl Standing {
-    fn label(self) -> &'static str {
+    const ALL: [Standing; 6] = [
+        Standing::Nacked,
+        Standing::Partial,
+        Standing::Unanswered,
+        Standing::Pending,
+        Standing::Superseded,
+        Standing::Acked,
+    ];
+
+    /// As the reports name it (`RolloutNode.state`).
+    pub fn label(self) -> &'static str {
         match self {
             Standing::Pending => "pending",
             Standing::Acked => "acked",
@@ -66,6 +82,20 @@ impl Standing {
             Standing::Superseded => "superseded",
             Standing::Unanswered => "unanswered",
         }
+    }
+
+    /// The standing a report names.
+    pub fn from_label(label: &str) -> Option<Standing> {
+        Standing::ALL.into_iter().find(|s| s.label() == label)
+    }
+
+    /// It rejected the version or never answered it: it fails the rollout unless it has
+    /// accepted a newer version since.
+    pub fn missed(self) -> bool {
+        matches!(
+            self,
+            Standing::Nacked | Standing::Partial | Standing::Unanswered
+        )
     }
 }
 
@@ -493,17 +523,11 @@ impl Progress {
         let mut order: Vec<usize> = (0..self.nacks.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(self.nacks[i].nodes));
         let mut place = vec![0u32; order.len()];
-        for (at_place, &i) in order.iter().enumerate() {
-            place[i] = at_place as u32 + 1;
+        for (rank, &i) in order.iter().enumerate() {
+            place[i] = rank as u32 + 1;
         }
         let moved_on = (self.nodes.iter())
-            .filter(|(_, e)| {
-                matches!(
-                    e.standing,
-                    Standing::Nacked | Standing::Partial | Standing::Unanswered
-                )
-            })
-            .filter(|(id, _)| self.moved_on(book, id))
+            .filter(|(id, e)| e.standing.missed() && self.moved_on(book, id))
             .count() as u64;
         let nodes = match every_node {
             false => Vec::new(),
@@ -552,20 +576,20 @@ impl Progress {
     /// How acceptance rose: for the nodes that took it, seconds from the first push to their
     /// answer, as at most [`CURVE_POINTS`] points (the last one all of them).
     fn acceptance(&self) -> Vec<tap::AcceptancePoint> {
-        let mut at: Vec<u64> = (self.nodes.values())
+        let mut took: Vec<u64> = (self.nodes.values())
             .filter(|e| e.standing == Standing::Acked)
             .map(|e| {
                 let answered = e.pushed_at + u64::from(e.latency_us) * 1_000;
                 answered.saturating_sub(self.first_push)
             })
             .collect();
-        at.sort_unstable();
-        let n = at.len();
+        took.sort_unstable();
+        let n = took.len();
         let step = n.div_ceil(CURVE_POINTS).max(1);
         (1..=n)
             .filter(|k| k % step == 0 || *k == n)
             .map(|k| tap::AcceptancePoint {
-                seconds: at[k - 1] as f64 / 1e9,
+                seconds: took[k - 1] as f64 / 1e9,
                 nodes: k as u64,
             })
             .collect()

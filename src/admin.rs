@@ -1,13 +1,14 @@
 //! The admin server (loopback by default), HTTP/1.1 and HTTP/2 on one address. HTTP: the live
 //! page at `/` ([`page`]), `/status` and `/rollouts` (JSON), `/events` (verdicts as server-sent
-//! events), `/metrics` (Prometheus / OpenMetrics text), `/healthz`, `/readyz` (listening, and
-//! the upstream answers HTTP/2, as of at most a second ago). gRPC (any request of content-type
+//! events), `/metrics` (Prometheus / OpenMetrics text), `/healthz`, `/readyz` (not draining,
+//! and the upstream answers HTTP/2: [`ready`]). gRPC (any request of content-type
 //! `application/grpc`): the tap's own API, `xdstap.v1.Tap` ([`api`]), and CSDS ([`csds`]).
 //! Read-only: nothing here changes what the tap does.
 
 pub mod api;
 pub mod csds;
 pub mod page;
+pub mod ready;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -29,8 +30,16 @@ use crate::sinks::rollout::Rollouts;
 use crate::sinks::watch::Watchers;
 use crate::proxy::{Endpoint, Listener};
 
-/// Admin connections open at once at most (watchers and CSDS streams hold one each).
-const MAX_CONNECTIONS: usize = 256;
+/// Admin connections open at once at most (watchers and CSDS streams hold one each), whatever
+/// the open-files limit.
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// Admin connections allowed under a limit of `open_files` descriptors: an eighth of it (from 4
+/// to [`MAX_CONNECTIONS`]), so the rest stays for the xDS side, where each client holds two.
+pub fn connections_for(open_files: u64) -> usize {
+    let share = usize::try_from(open_files / 8).unwrap_or(usize::MAX);
+    share.clamp(4, MAX_CONNECTIONS)
+}
 
 /// HTTP/1.1: a request's headers must arrive within this, and an idle kept-alive connection
 /// closes after it.
@@ -48,11 +57,10 @@ pub struct Admin {
     pub registry: Registry,
     /// The control plane, for `/readyz`.
     pub upstream: Endpoint,
-    /// How the tap dials it (TLS included), for `/readyz`.
-    pub connector: crate::proxy::Connector,
-    /// The last readiness check and when it ran: `/readyz` dials at most once a second, and
-    /// probes that come while it dials wait for that dial's answer.
-    pub ready: tokio::sync::Mutex<Option<(std::time::Instant, Result<(), String>)>>,
+    /// Whether the control plane answers, for `/readyz`.
+    pub ready: ready::Readiness,
+    /// The forwarder's counters; `/readyz` says 503 once it drains.
+    pub proxy: Arc<crate::proxy::ProxyStats>,
     /// The trace ids the tap's spans carry, when it exports spans.
     pub traces: Option<crate::sinks::spans::TraceIds>,
     /// The page's link to a trace (`{trace_id}` in it).
@@ -72,31 +80,7 @@ impl Admin {
         }
         report
     }
-
-    /// Whether the control plane answers HTTP/2, as of at most a second ago. A change is logged
-    /// once, naming the likely cause.
-    async fn ready(&self) -> Result<(), String> {
-        // Held across the dial: one dial at a time, whatever the number of probes.
-        let mut last = self.ready.lock().await;
-        if let Some((_, r)) = last.as_ref().filter(|(at, _)| at.elapsed() < READY_FOR) {
-            return r.clone();
-        }
-        let now = upstream_answers(&self.connector).await;
-        let changed = last.as_ref().is_none_or(|(_, r)| r.is_ok() != now.is_ok());
-        match (&now, changed) {
-            (Err(e), true) => tracing::warn!(upstream = %self.upstream, "Not ready: {e}"),
-            (Ok(()), true) if last.is_some() => {
-                tracing::info!(upstream = %self.upstream, "Ready: the upstream answers HTTP/2")
-            }
-            _ => {}
-        }
-        *last = Some((std::time::Instant::now(), now.clone()));
-        now
-    }
 }
-
-/// How long a readiness answer is reused.
-const READY_FOR: Duration = Duration::from_secs(1);
 
 /// `routes` with gRPC server reflection (v1, and v1alpha for older clients) describing the
 /// tap's API and CSDS.
@@ -116,13 +100,13 @@ fn with_reflection(routes: tonic::service::Routes) -> tonic::service::Routes {
 }
 
 /// Serves HTTP/1.1 and HTTP/2 on `listener` until the task is dropped or aborted.
-pub async fn serve(listener: Listener, admin: Arc<Admin>) {
+pub async fn serve(listener: Listener, admin: Arc<Admin>, max_connections: usize) {
     let grpc = tonic::service::Routes::new(TapServer::new(api::TapApi(admin.clone())))
         .add_service(ClientStatusDiscoveryServiceServer::new(csds::Csds(
             admin.clone(),
         )));
     let grpc = with_reflection(grpc);
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
     let mut failures = crate::proxy::Throttled::new("Accept failed; backing off");
     loop {
         // Past the bound, new clients wait in the kernel's backlog, holding no descriptor.
@@ -244,7 +228,12 @@ async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Body> {
             crate::sinks::metrics::render(&admin.registry),
         ),
         "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n"),
-        "/readyz" => match admin.ready().await {
+        "/readyz" if admin.proxy.draining.load(std::sync::atomic::Ordering::Relaxed) => reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "draining: shutting down, send new clients elsewhere\n",
+        ),
+        "/readyz" => match admin.ready.check().await {
             Ok(()) => reply(StatusCode::OK, "text/plain", "ready\n"),
             Err(e) => reply(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -253,41 +242,6 @@ async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Body> {
             ),
         },
         _ => reply(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
-    }
-}
-
-/// Dials the upstream as the tap does (TLS included) and says the HTTP/2 preface: ready when its
-/// SETTINGS come back within a second. Otherwise why not, with the likely cause.
-async fn upstream_answers(connector: &crate::proxy::Connector) -> Result<(), String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let within = Duration::from_secs(1);
-    let mut io = connector.dial(within).await.map_err(|e| e.to_string())?;
-    let mut hello = crate::proxy::PREFACE.to_vec();
-    hello.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
-    let answer = async {
-        io.write_all(&hello).await?;
-        let mut head = [0u8; 9];
-        io.read_exact(&mut head).await.map(|_| head)
-    };
-    match tokio::time::timeout(within, answer).await {
-        Ok(Ok(head)) if head[3] == 4 => Ok(()),
-        // Go's TLS server (istiod's) answers a plaintext HTTP-looking hello with HTTP/1.0 400.
-        Ok(Ok(head)) if head.starts_with(b"HTTP/") => Err(
-            "it answered HTTP/1, as a TLS server answers plaintext: a TLS port (istiod's \
-             15012?) needs --upstream-tls"
-                .into(),
-        ),
-        Ok(Ok(head)) if head[0] == 0x15 || head[0] == 0x16 => {
-            Err("it answered with TLS: a TLS port (istiod's 15012?) needs --upstream-tls".into())
-        }
-        Ok(Ok(_)) => Err("it answered, but not with HTTP/2 SETTINGS: not an xDS server?".into()),
-        Ok(Err(e)) => Err(format!(
-            "it closed the connection without an HTTP/2 answer ({e}): TLS on the other side, or \
-             not an xDS server?"
-        )),
-        Err(_) => {
-            Err("no HTTP/2 answer within 1s: TLS on the other side, or not an xDS server?".into())
-        }
     }
 }
 

@@ -42,6 +42,7 @@ pub fn defaults() -> Vec<(&'static str, String)> {
     let (spans, rollout) = (SpanSettings::default(), RolloutSettings::default());
     let d = |d: std::time::Duration| HumanDuration(d).to_string();
     vec![
+        ("drain_delay", d(proxy.drain_delay)),
         ("shutdown_grace", d(proxy.shutdown_grace)),
         ("connect_timeout", d(proxy.connect_timeout)),
         ("threads", DEFAULT_THREADS.to_string()),

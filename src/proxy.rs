@@ -7,7 +7,6 @@
 //! - `relay`: one connection pair, both directions in one task, moving bytes.
 //! - `reader`: what the bytes mean: streams and their observers, for one connection;
 //!   `frame` and `headers` read frames and HPACK header blocks for it.
-//! - `unavailable`: the one case the tap speaks HTTP/2 itself, an upstream it cannot reach.
 
 mod frame;
 mod headers;
@@ -15,7 +14,6 @@ pub(crate) mod listen;
 mod reader;
 mod relay;
 mod tls;
-mod unavailable;
 mod upstream;
 
 use std::future::Future;
@@ -39,7 +37,11 @@ pub use upstream::{ConnectError, Connector};
 /// How the tap forwards.
 #[derive(Clone, Debug)]
 pub struct Settings {
-    /// How long open streams may run after a shutdown signal before they are cut.
+    /// How long the tap goes on serving after a shutdown signal, not ready (`/readyz` 503),
+    /// before it stops accepting: time for a load balancer to stop sending it clients.
+    pub drain_delay: Duration,
+    /// How long open streams may run, once the tap stops accepting, before their connections
+    /// are closed.
     pub shutdown_grace: Duration,
     /// How long the upstream connect (TCP, TLS) and the client's TLS handshake may take.
     pub connect_timeout: Duration,
@@ -51,6 +53,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
+            drain_delay: Duration::ZERO,
             shutdown_grace: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(10),
             max_connections: None,
@@ -192,6 +195,8 @@ pub struct ProxyStats {
     /// Most bytes one direction of a connection ever held inside the tap (read, not yet
     /// written).
     pub peak_buffered: AtomicU64,
+    /// The tap is shutting down: not ready for new clients.
+    pub draining: std::sync::atomic::AtomicBool,
     /// Connections whose observation stopped, by reason (forwarding went on).
     pub observation_stopped: Mutex<Vec<(&'static str, u64)>>,
 }
@@ -242,6 +247,10 @@ pub(crate) struct Shared {
     pub observer: Arc<dyn Observe>,
     pub stats: Arc<ProxyStats>,
     pub next_stream: Arc<AtomicU64>,
+    /// Upstream dials that failed, and client TLS handshakes that failed: each can happen for
+    /// every client of a fleet at once, so each is logged with a count every few seconds.
+    pub unreachable: Mutex<Throttled>,
+    pub handshakes: Mutex<Throttled>,
 }
 
 /// A forwarder: a listener, an upstream, an observer.
@@ -265,6 +274,10 @@ impl Proxy {
             observer,
             stats,
             next_stream: Arc::new(AtomicU64::new(1)),
+            unreachable: Mutex::new(Throttled::new(
+                "Upstream unreachable; client connections closed before the handshake",
+            )),
+            handshakes: Mutex::new(Throttled::new("Client TLS handshake failed")),
         });
         Proxy { listener, shared }
     }
@@ -280,47 +293,44 @@ impl Proxy {
     }
 
     /// Serves until `shutdown` resolves; then stops accepting, sends each client a GOAWAY
-    /// (between two of the upstream's frames), and gives open streams `shutdown_grace` before
-    /// cutting them. Every observer has seen its stream end when this returns.
+    /// (between two of the upstream's frames), closes each connection once nothing on it waits
+    /// for an answer, and after `shutdown_grace` closes the rest. A connection closes as a
+    /// careful peer closes it (FIN after the last byte, the other side read until it closes,
+    /// for at most a few seconds), so nothing either peer sent before is lost. Every observer
+    /// has seen its stream end when this returns.
     pub async fn serve(self, shutdown: impl Future<Output = ()>) {
-        let (stop_tx, stop_rx) = watch::channel(false);
+        let (stop_tx, stop_rx) = watch::channel(relay::Stop::Serving);
         let mut connections = JoinSet::new();
-        let mut next_conn: u64 = 0;
-        let mut accept_failed = Throttled::new("Accept failed; backing off");
-        let mut refused = Throttled::new("Connection refused: max_connections open");
-        let max = self.shared.settings.max_connections.unwrap_or(usize::MAX);
         tokio::pin!(shutdown);
-        loop {
-            tokio::select! {
-                _ = &mut shutdown => break,
-                accepted = self.listener.accept() => match accepted {
-                    Ok((io, peer)) if connections.len() >= max => {
-                        ProxyStats::add(&self.shared.stats.refused_connections, 1);
-                        refused.note(&format_args!("{max} open, closed {peer}"));
-                        drop(io);
-                    }
-                    Ok((io, peer)) => {
-                        next_conn += 1;
-                        let shared = self.shared.clone();
-                        let tls = self.listener.tls();
-                        connections.spawn(connection(io, tls, peer, next_conn, shared, stop_rx.clone()));
-                    }
-                    Err(e) => {
-                        // EMFILE and friends: back off briefly instead of spinning, serving
-                        // what is open, and say so once in a while with a count.
-                        accept_failed.note(&e);
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                },
-                Some(_) = connections.join_next(), if !connections.is_empty() => {}
-            }
+        let mut accepting = Accepting {
+            listener: &self.listener,
+            shared: &self.shared,
+            connections: &mut connections,
+            next_conn: 0,
+            accept_failed: Throttled::new("Accept failed; backing off"),
+            refused: Throttled::new("Connection refused: max_connections open"),
+            stop: stop_rx,
+        };
+        tokio::select! {
+            _ = &mut shutdown => {}
+            _ = accepting.run() => {}
         }
+        self.shared.stats.draining.store(true, Ordering::Relaxed);
+        let delay = self.shared.settings.drain_delay;
+        if !delay.is_zero() {
+            tracing::info!(
+                ?delay,
+                "Draining: /readyz says 503; serving on until the delay is over"
+            );
+            let _ = tokio::time::timeout(delay, accepting.run()).await;
+        }
+        drop(accepting);
         drop(self.listener);
         let open = connections.len();
         tracing::info!(connections = open, grace = ?self.shared.settings.shutdown_grace, "Shutting down");
-        let _ = stop_tx.send(true);
-        let drain = async { while connections.join_next().await.is_some() {} };
-        if tokio::time::timeout(self.shared.settings.shutdown_grace, drain)
+        let _ = stop_tx.send(relay::Stop::Draining);
+        let grace = self.shared.settings.shutdown_grace;
+        if tokio::time::timeout(grace, drain(&mut connections))
             .await
             .is_err()
         {
@@ -328,10 +338,65 @@ impl Proxy {
                 connections = connections.len(),
                 "Grace period over, closing open connections"
             );
-            // Cutting a relay drops its observation: its open streams end there and then.
-            connections.shutdown().await;
+            let _ = stop_tx.send(relay::Stop::Closing);
+            // Each closes within its linger; a second more, then what is left is cut (its
+            // observation dropped: its open streams end there and then).
+            let linger = relay::LINGER + Duration::from_secs(1);
+            if tokio::time::timeout(linger, drain(&mut connections))
+                .await
+                .is_err()
+            {
+                connections.shutdown().await;
+            }
         }
     }
+}
+
+/// The accepting loop's state: a connection task per client, bounded by `max_connections`.
+struct Accepting<'a> {
+    listener: &'a Listener,
+    shared: &'a Arc<Shared>,
+    connections: &'a mut JoinSet<()>,
+    next_conn: u64,
+    accept_failed: Throttled,
+    refused: Throttled,
+    stop: watch::Receiver<relay::Stop>,
+}
+
+impl Accepting<'_> {
+    /// Accepts clients, and reaps the tasks of those that left, until dropped.
+    async fn run(&mut self) {
+        let max = self.shared.settings.max_connections.unwrap_or(usize::MAX);
+        loop {
+            tokio::select! {
+                accepted = self.listener.accept() => match accepted {
+                    Ok((io, peer)) if self.connections.len() >= max => {
+                        ProxyStats::add(&self.shared.stats.refused_connections, 1);
+                        self.refused.note(&format_args!("{max} open, closed {peer}"));
+                        drop(io);
+                    }
+                    Ok((io, peer)) => {
+                        self.next_conn += 1;
+                        let (shared, stop) = (self.shared.clone(), self.stop.clone());
+                        let task = connection(io, self.listener.tls(), peer, self.next_conn, shared, stop);
+                        self.connections.spawn(task);
+                    }
+                    Err(e) => {
+                        // EMFILE and friends: back off briefly instead of spinning, serving
+                        // what is open, and say so once in a while with a count.
+                        self.accept_failed.note(&e);
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+                Some(_) = self.connections.join_next(), if !self.connections.is_empty() => {}
+            }
+        }
+    }
+}
+
+/// Waits for every connection task to end.
+async fn drain(connections: &mut JoinSet<()>) {
+    while connections.join_next().await.is_some() {}
 }
 
 /// Something that may happen many times a second (accept failures such as EMFILE, refused
@@ -353,6 +418,11 @@ impl Throttled {
         }
     }
 
+    /// Notes one under a lock shared by every connection's task.
+    pub(crate) fn note_shared(this: &Mutex<Throttled>, detail: &dyn std::fmt::Display) {
+        this.lock().unwrap_or_else(|p| p.into_inner()).note(detail);
+    }
+
     pub(crate) fn note(&mut self, detail: &dyn std::fmt::Display) {
         self.since_log += 1;
         if self.logged.is_none_or(|at| at.elapsed() >= Self::EVERY) {
@@ -370,7 +440,7 @@ async fn connection(
     peer: String,
     conn_id: u64,
     shared: Arc<Shared>,
-    stop: watch::Receiver<bool>,
+    stop: watch::Receiver<relay::Stop>,
 ) {
     let stats = shared.stats.clone();
     ProxyStats::add(&stats.connections_total, 1);
@@ -382,12 +452,13 @@ async fn connection(
             Ok(Ok(tls)) => Box::new(tls),
             Ok(Err(e)) => {
                 ProxyStats::add(&stats.handshake_errors, 1);
-                tracing::warn!(%peer, error = %e, "Client TLS handshake failed");
+                Throttled::note_shared(&shared.handshakes, &format_args!("{peer}: {e}"));
                 return;
             }
             Err(_) => {
                 ProxyStats::add(&stats.handshake_errors, 1);
-                tracing::warn!(%peer, ?timeout, "Client TLS handshake timed out");
+                let why = format_args!("{peer}: timed out after {timeout:?}");
+                Throttled::note_shared(&shared.handshakes, &why);
                 return;
             }
         },
@@ -402,9 +473,11 @@ async fn connection(
     let upstream = match shared.connector.dial(timeout).await {
         Ok(u) => u,
         Err(e) => {
+            // Closed before the tap says a byte of HTTP/2: to the client, a server it could not
+            // reach, so its own connection backoff applies (docs/design.md, "An upstream the
+            // tap cannot reach"). The reason goes to the log, the metrics and /readyz.
             ProxyStats::add(&stats.upstream_connect_errors, 1);
-            tracing::warn!(conn = conn_id, %peer, error = %e, "Upstream unavailable");
-            unavailable::answer(io, e.to_string(), shared, peer).await;
+            Throttled::note_shared(&shared.unreachable, &format_args!("{peer}: {e}"));
             return;
         }
     };
@@ -427,7 +500,9 @@ async fn connection(
             by: *by,
             message: format!("{} closed the connection", whose(*by)),
         },
-        relay::Ended::Drained => StreamEnd::Complete,
+        relay::Ended::Drained => StreamEnd::Cut {
+            message: "the tap stopped before the stream ended: it closed the connection".into(),
+        },
         relay::Ended::Failed(by, e) => {
             ProxyStats::add(&stats.connection_errors, 1);
             StreamEnd::Failed {

@@ -166,7 +166,7 @@ impl Server {
             connector,
             config.proxy.clone(),
             observer,
-            proxy_stats,
+            proxy_stats.clone(),
         );
         let admin = admin_listener.map(|l| {
             let address = l.local_addr();
@@ -177,12 +177,13 @@ impl Server {
                 watchers,
                 registry,
                 upstream: config.upstream.clone(),
-                connector: checker,
-                ready: tokio::sync::Mutex::new(None),
+                ready: crate::admin::ready::Readiness::new(config.upstream.clone(), checker),
+                proxy: proxy_stats,
                 traces,
                 trace_url: config.admin.as_ref().and_then(|a| a.trace_url.clone()),
             });
-            (address, tokio::spawn(crate::admin::serve(l, admin)))
+            let most = config.admin.as_ref().map_or(crate::admin::MAX_CONNECTIONS, |a| a.max_connections);
+            (address, tokio::spawn(crate::admin::serve(l, admin, most)))
         });
         tracing::info!(listen = %proxy.local_addr(), upstream = %config.upstream, "Listening");
         Ok(Running {

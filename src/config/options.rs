@@ -23,7 +23,12 @@ pub struct Options {
     /// The control plane: host:port or unix:/path.
     #[arg(long, value_name = "ADDR")]
     pub upstream: Option<Endpoint>,
-    /// Time open streams get to finish after SIGTERM/SIGINT.
+    /// After SIGTERM/SIGINT, how long the tap serves on with /readyz answering 503, before
+    /// it stops accepting: time for a load balancer to send new clients elsewhere.
+    #[arg(long, value_name = "DURATION")]
+    pub drain_delay: Option<HumanDuration>,
+    /// Once the tap stops accepting, how long streams still waiting for an answer get before
+    /// their connections are closed.
     #[arg(long, value_name = "DURATION")]
     pub shutdown_grace: Option<HumanDuration>,
     /// Upstream connect timeout, TCP + TLS + HTTP/2 handshake.

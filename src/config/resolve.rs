@@ -148,6 +148,11 @@ pub struct AdminSettings {
     pub rollouts: RolloutSettings,
     /// The page's link to a trace: a URL with `{trace_id}` in it.
     pub trace_url: Option<String>,
+    /// Admin connections open at once at most; past it clients wait in the kernel's backlog.
+    /// Not an option: `xdstap run` sets it to a share of the open-files limit
+    /// ([`crate::admin::connections_for`]), so slow admin clients cannot take the descriptors
+    /// the xDS side needs.
+    pub max_connections: usize,
 }
 
 impl Options {
@@ -172,6 +177,7 @@ impl Options {
             tls: self.tls.resolve()?,
             upstream_tls: self.upstream_tls.resolve()?,
             proxy: proxy_settings(
+                self.drain_delay,
                 self.shutdown_grace,
                 self.connect_timeout,
                 self.max_connections,
@@ -250,12 +256,14 @@ impl UpstreamTlsOptions {
 }
 
 fn proxy_settings(
+    drain_delay: Option<HumanDuration>,
     shutdown_grace: Option<HumanDuration>,
     connect_timeout: Option<HumanDuration>,
     max_connections: Option<Count>,
 ) -> Result<Settings, ConfigError> {
     let defaults = Settings::default();
     Ok(Settings {
+        drain_delay: drain_delay.map_or(defaults.drain_delay, |d| d.0),
         shutdown_grace: shutdown_grace.map_or(defaults.shutdown_grace, |d| d.0),
         connect_timeout: match connect_timeout {
             Some(d) => d.positive("connect_timeout")?,
@@ -368,6 +376,7 @@ impl AdminOptions {
             status,
             rollouts,
             trace_url,
+            max_connections: crate::admin::MAX_CONNECTIONS,
         }))
     }
 }

@@ -213,6 +213,7 @@ impl fmt::Display for HumanDuration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let d = self.0;
         match (d.as_secs(), d.subsec_nanos()) {
+            (0, 0) => f.write_str("0s"),
             (s, 0) if s != 0 && s.is_multiple_of(3600) => write!(f, "{}h", s / 3600),
             (s, 0) if s != 0 && s.is_multiple_of(60) => write!(f, "{}m", s / 60),
             _ => write!(f, "{d:?}"),

@@ -10,9 +10,21 @@
 //!  client <──bytes── [observers <─ FrameReader <─ read chunk] <──same bytes── upstream
 //! ```
 //!
-//! What a chunk's frames mean is [`super::observation`]'s business; the relay only moves bytes.
+//! What a chunk's frames mean is [`super::reader`]'s business; the relay only moves bytes.
 //! The tap speaks only at shutdown: a GOAWAY to the client, written between two of the
 //! upstream's frames, so the client opens no new stream on a tap going away.
+//!
+//! The tap closes a connection the way a careful peer does, never dropping a socket with
+//! bytes unread (the kernel would answer them with a reset, and a reset makes the receiver
+//! discard what it has not yet read: the client's last ACK, say):
+//! ```text
+//!  draining: GOAWAY to the client ─> every stream settled (or the grace over) ─> closing:
+//!    client side:   what is queued (nothing once the grace is over), then FIN; its bytes
+//!                   still go on to the upstream
+//!    upstream side: the client's FIN passed on after its last byte; the upstream's bytes
+//!                   read and dropped until it closes
+//!    both closed, or LINGER passed ─> the sockets are dropped
+//! ```
 
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
@@ -20,6 +32,7 @@ use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::AsyncWrite;
@@ -34,12 +47,26 @@ pub const READ_CHUNK: usize = 256 << 10;
 /// A direction's buffer while idle: a read that fills it brings the large one back.
 const IDLE_CHUNK: usize = 8 << 10;
 
+/// How long a closing relay waits for both peers to close after the tap's own FIN.
+pub(super) const LINGER: Duration = Duration::from_secs(5);
+
+/// What the tap asks of its relays, in the order it asks it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Stop {
+    /// Relay.
+    Serving,
+    /// Send the client a GOAWAY; close once no stream waits for an answer.
+    Draining,
+    /// Close now (the grace is over).
+    Closing,
+}
+
 /// How a relay ended.
 #[derive(Debug)]
 pub(super) enum Ended {
     /// Both sides closed their sending halves, and each close was passed on; this side first.
     Closed(Side),
-    /// Draining after the tap's GOAWAY, with no stream left: the tap closed both sides.
+    /// The tap closed it (draining, or at the end of the grace), as described above.
     Drained,
     /// A read or write failed on `by`'s connection.
     Failed(Side, io::Error),
@@ -58,6 +85,9 @@ struct Half {
     closed: bool,
     /// Data keeps coming: read into the large buffer.
     hot: bool,
+    /// The tap is closing the connection: once what is queued is written, the destination
+    /// gets a FIN and what the source sends is read and dropped until it closes.
+    closing: bool,
 }
 
 impl Half {
@@ -70,6 +100,7 @@ impl Half {
             eof: false,
             closed: false,
             hot: false,
+            closing: false,
         }
     }
 
@@ -122,12 +153,15 @@ impl Half {
             }
             // TLS holds records until flushed; a plain socket flushes at once.
             ready!(Pin::new(&mut *dst).poll_flush(cx)).map_err(|e| (to, e))?;
-            if self.eof {
+            if self.eof || self.closing {
                 if !self.closed {
                     ready!(Pin::new(&mut *dst).poll_shutdown(cx)).map_err(|e| (to, e))?;
                     self.closed = true;
                 }
-                return Poll::Ready(Ok(()));
+                if self.eof {
+                    return Poll::Ready(Ok(()));
+                }
+                return self.poll_discard(cx, src).map_err(|e| (from, e));
             }
             if self.direction == Direction::Response {
                 if let Some(goaway) = observation.goaway_when_idle() {
@@ -169,15 +203,37 @@ impl Half {
     }
 }
 
+impl Half {
+    /// Reads what the source sends and drops it, until it closes: `Ready(Ok)` at its FIN.
+    fn poll_discard(&mut self, cx: &mut Context<'_>, src: &mut Io) -> Poll<io::Result<()>> {
+        loop {
+            self.buf.clear();
+            if self.buf.capacity() == 0 {
+                self.buf.reserve(IDLE_CHUNK);
+            }
+            if ready!(tokio_util::io::poll_read_buf(
+                Pin::new(&mut *src),
+                cx,
+                &mut self.buf
+            ))? == 0
+            {
+                self.eof = true;
+                return Poll::Ready(Ok(()));
+            }
+        }
+    }
+}
+
 /// Relays `client` and `upstream` until both sides have closed (or one fails), observing in
-/// `observation`. When `stop` turns true the tap drains: its GOAWAY goes to the client, and once no
-/// stream is left the relay closes both sides.
+/// `observation`. When `stop` says so the tap drains: its GOAWAY goes to the client, and once
+/// no stream waits for an answer (or when `stop` says to close) it closes both sides as the
+/// module's diagram shows.
 pub(super) async fn relay(
     mut client: Io,
     mut upstream: Io,
     observation: &mut ConnectionReader,
     stats: &ProxyStats,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<Stop>,
 ) -> Ended {
     let mut halves = [
         Half::new(Direction::Request),
@@ -185,14 +241,33 @@ pub(super) async fn relay(
     ];
     let mut done = [false, false];
     let mut first: Option<Side> = None;
-    let mut stopping = std::pin::pin!(async move {
-        let _ = stop.wait_for(|s| *s).await;
-    });
+    let reached = |mut stop: watch::Receiver<Stop>, at: Stop| async move {
+        let _ = stop.wait_for(|s| *s >= at).await;
+    };
+    let mut drain_asked = std::pin::pin!(reached(stop.clone(), Stop::Draining));
+    let mut close_asked = std::pin::pin!(reached(stop, Stop::Closing));
     let mut draining = false;
-    poll_fn(|cx| {
-        if !draining && stopping.as_mut().poll(cx).is_ready() {
+    // Set once the tap closes: the linger's end.
+    let mut linger: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    poll_fn(|cx| loop {
+        if !draining && drain_asked.as_mut().poll(cx).is_ready() {
             draining = true;
             observation.drain();
+        }
+        let settled = draining && observation.drained() && halves.iter().all(|h| h.out.is_empty());
+        if linger.is_none() && (settled || close_asked.as_mut().poll(cx).is_ready()) {
+            if !settled {
+                // The grace is over: what the client has not taken by now is not sent.
+                halves[1].out.clear();
+                halves[1].written = 0;
+            }
+            halves[1].closing = true;
+            linger = Some(Box::pin(tokio::time::sleep(LINGER)));
+        }
+        if let Some(l) = linger.as_mut() {
+            if l.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Ended::Drained);
+            }
         }
         let [up, down] = &mut halves;
         let [up_done, down_done] = &mut done;
@@ -212,17 +287,25 @@ pub(super) async fn relay(
                     *finished = true;
                     first.get_or_insert(from);
                 }
+                // Closing, a peer that resets instead of closing ends it all the same.
+                Poll::Ready(Err(_)) if linger.is_some() => return Poll::Ready(Ended::Drained),
                 Poll::Ready(Err((by, e))) => return Poll::Ready(Ended::Failed(by, e)),
                 Poll::Pending => {}
             }
         }
         if done == [true, true] {
-            return Poll::Ready(Ended::Closed(first.unwrap_or(Side::Client)));
+            return Poll::Ready(match linger {
+                Some(_) => Ended::Drained,
+                None => Ended::Closed(first.unwrap_or(Side::Client)),
+            });
         }
-        if observation.drained() && halves.iter().all(|h| h.out.is_empty()) {
-            return Poll::Ready(Ended::Drained);
+        // What was just read may have settled the last stream: close now, not at the next
+        // wake-up.
+        let settled_now =
+            draining && observation.drained() && halves.iter().all(|h| h.out.is_empty());
+        if linger.is_some() || !settled_now {
+            return Poll::Pending;
         }
-        Poll::Pending
     })
     .await
 }

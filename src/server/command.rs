@@ -78,28 +78,36 @@ fn check_config(file: &std::path::Path, flags: Option<&ArgMatches>) -> ExitCode 
 }
 
 /// Raises the soft limit of open files to the hard one: each client holds one descriptor, and
-/// one more to the control plane.
+/// one more to the control plane. Returns the limit in effect, when it can be read.
 #[allow(unsafe_code)] // the library forbids it; two libc calls here, each with its SAFETY note
-fn raise_open_files_limit() {
+fn raise_open_files_limit() -> Option<u64> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: getrlimit and setrlimit only read and write the struct passed.
-    let got = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
-    if !got || limit.rlim_cur >= limit.rlim_max {
-        return;
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return None;
     }
     let was = limit.rlim_cur;
+    if was >= limit.rlim_max {
+        return Some(was);
+    }
     limit.rlim_cur = limit.rlim_max;
     // SAFETY: as above.
     match unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } == 0 {
-        true => tracing::info!(
-            from = was,
-            to = limit.rlim_max,
-            "Raised the open files limit"
-        ),
-        false => tracing::warn!(limit = was, "Could not raise the open files limit"),
+        true => {
+            tracing::info!(
+                from = was,
+                to = limit.rlim_max,
+                "Raised the open files limit"
+            );
+            Some(limit.rlim_max)
+        }
+        false => {
+            tracing::warn!(limit = was, "Could not raise the open files limit");
+            Some(was)
+        }
     }
 }
 
@@ -119,7 +127,10 @@ fn run(config: Config) -> ExitCode {
         return usage_error(e);
     }
     init_logging(config.log_format, &config.log_level);
-    raise_open_files_limit();
+    let mut config = config;
+    if let (Some(open_files), Some(admin)) = (raise_open_files_limit(), config.admin.as_mut()) {
+        admin.max_connections = crate::admin::connections_for(open_files);
+    }
     let runtime = match runtime(Some(config.threads)) {
         Ok(r) => r,
         Err(code) => return code,

@@ -8,132 +8,16 @@
 use crate::support;
 
 use std::collections::BTreeMap;
-use std::io::BufRead;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use envoy_types::pb::envoy::config::listener::v3::{ApiListener, Listener};
-use envoy_types::pb::envoy::config::route::v3::{
-    route, route_action, route_match, weighted_cluster::ClusterWeight, Route, RouteAction,
-    RouteConfiguration, RouteMatch, VirtualHost, WeightedCluster,
-};
-use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
-use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    http_connection_manager, http_filter, HttpConnectionManager, HttpFilter,
-};
-use envoy_types::pb::google::protobuf::UInt32Value;
 use support::control_plane::ControlPlane;
 use support::csds;
-use support::resources::{any, cluster, endpoints, static_cluster, Snapshot, CDS, EDS, LDS};
+use support::grpc::api_listener;
+use support::resources::{cluster, endpoints, static_cluster, Snapshot, CDS, EDS, LDS};
 use support::tap::{TapOptions, XdsTap};
 
 const NODE: &str = "grpc-client";
-
-/// The listener a gRPC client resolves `xds:///svc` to: an API listener whose inline route
-/// splits between clusters c1 and c2.
-fn api_listener() -> (String, envoy_types::pb::google::protobuf::Any) {
-    let weight = |name: &str| ClusterWeight {
-        name: name.into(),
-        weight: Some(UInt32Value { value: 50 }),
-        ..Default::default()
-    };
-    let routes = RouteConfiguration {
-        name: "svc-routes".into(),
-        virtual_hosts: vec![VirtualHost {
-            name: "svc".into(),
-            domains: vec!["*".into()],
-            routes: vec![Route {
-                r#match: Some(RouteMatch {
-                    path_specifier: Some(route_match::PathSpecifier::Prefix(String::new())),
-                    ..Default::default()
-                }),
-                action: Some(route::Action::Route(RouteAction {
-                    cluster_specifier: Some(route_action::ClusterSpecifier::WeightedClusters(
-                        WeightedCluster {
-                            clusters: vec![weight("c1"), weight("c2")],
-                            ..Default::default()
-                        },
-                    )),
-                    ..Default::default()
-                })),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }],
-        ..Default::default()
-    };
-    let hcm = HttpConnectionManager {
-        route_specifier: Some(http_connection_manager::RouteSpecifier::RouteConfig(routes)),
-        http_filters: vec![HttpFilter {
-            name: "router".into(),
-            config_type: Some(http_filter::ConfigType::TypedConfig(
-                any(&Router::default()),
-            )),
-            ..Default::default()
-        }],
-        ..Default::default()
-    };
-    let l = Listener {
-        name: "svc".into(),
-        api_listener: Some(ApiListener {
-            api_listener: Some(any(&hcm)),
-        }),
-        ..Default::default()
-    };
-    ("svc".into(), any(&l))
-}
-
-/// The client's process; its standard input held open until the test ends.
-struct Client {
-    child: Child,
-    csds: String,
-}
-
-impl Drop for Client {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_client(dir: &std::path::Path, tap: &str) -> Client {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let site = root.join(".grpc");
-    assert!(
-        site.join("grpc").exists(),
-        "no grpcio at {}: run scripts/test (it installs grpcio==1.85.1 there)",
-        site.display()
-    );
-    let bootstrap = dir.join("bootstrap.json");
-    let json = serde_json::json!({
-        "xds_servers": [{
-            "server_uri": tap,
-            "channel_creds": [{"type": "insecure"}],
-            "server_features": ["xds_v3"],
-        }],
-        "node": {"id": NODE, "cluster": "proxyless"},
-    });
-    std::fs::write(&bootstrap, json.to_string()).unwrap();
-    let mut child = Command::new("python3")
-        .arg(root.join("tests/it/proxyless/client.py"))
-        .arg("xds:///svc")
-        .env("PYTHONPATH", &site)
-        .env("GRPC_XDS_BOOTSTRAP", &bootstrap)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("python3");
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port: u16 = line.trim().parse().unwrap_or_else(|_| panic!("{line:?}"));
-    Client {
-        child,
-        csds: format!("127.0.0.1:{port}"),
-    }
-}
 
 /// (type, name) -> (version, client status) of the CDS resources in a CSDS answer for `node`
 /// (the client's own CSDS answers for itself alone).
@@ -173,7 +57,7 @@ async fn a_proxyless_clients_own_csds_equals_the_taps_view() {
     let _server = cp.serve(listener);
     let tap = XdsTap::start(TapOptions::new(&cp_addr)).await;
     let dir = support::TempDir::new("proxyless");
-    let client = start_client(dir.path(), &tap.tap.addr);
+    let client = support::grpc::start(dir.path(), &tap.tap.addr, NODE, Stdio::inherit(), &[]);
     let answer = |version: &'static str| {
         let cp = cp.clone();
         async move {

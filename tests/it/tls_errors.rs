@@ -1,6 +1,7 @@
-//! TLS failures on either side name the side and the reason: an expired, wrong-name or
-//! unknown-CA certificate from the control plane reaches the client as UNAVAILABLE naming the
-//! upstream and the reason; an expired or unknown-CA client certificate, a client that rejects
+//! TLS failures on either side name the side and the reason: with an expired, wrong-name or
+//! unknown-CA certificate from the control plane, the client's connection closes before the
+//! handshake (as a server it cannot reach would) and `/readyz` names the upstream and the
+//! reason; an expired or unknown-CA client certificate, a client that rejects
 //! the tap's expired certificate, and plaintext sent to the TLS listener are each refused and
 //! logged by the `xdstap` binary as a client TLS failure with the reason.
 
@@ -12,7 +13,8 @@ use std::process::{Command, Stdio};
 use bytes::Bytes;
 use support::certs::{self, Pki};
 use support::raw;
-use support::tap::{Tap, TapOptions};
+use support::tap::{TapOptions, XdsTap};
+use xdstap::proxy::counter;
 use xdstap::proxy::{ClientTls, ServerTls};
 
 /// A TLS upstream (raw h2 behind rustls) presenting `cert`.
@@ -40,8 +42,9 @@ async fn tls_upstream(cert: &Path, key: &Path) -> String {
     addr
 }
 
-/// The grpc-message a client gets through a tap whose upstream presents `cert`.
-async fn upstream_failure(trusted_ca: &Path, cert: &Path, key: &Path) -> String {
+/// What a tap whose upstream presents `cert` does: the bytes a client got before its
+/// connection closed, and what `/readyz` says.
+async fn upstream_failure(trusted_ca: &Path, cert: &Path, key: &Path) -> (Option<usize>, String) {
     let upstream = tls_upstream(cert, key).await;
     let mut options = TapOptions::new(&upstream);
     options.upstream_tls = Some(ClientTls {
@@ -49,33 +52,29 @@ async fn upstream_failure(trusted_ca: &Path, cert: &Path, key: &Path) -> String 
         sni: Some("localhost".into()),
         ..Default::default()
     });
-    let tap = Tap::with(options).await;
-    let mut client = raw::client(tokio::net::TcpStream::connect(&tap.addr).await.unwrap()).await;
-    let (resp, _, _) = raw::exchange(&mut client, "/echo", Bytes::from_static(b"x"))
-        .await
-        .unwrap();
-    assert_eq!(resp.headers().get("grpc-status").unwrap(), "14");
-    resp.headers()
-        .get("grpc-message")
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .to_string()
+    let tap = XdsTap::start(options).await;
+    let seen = raw::bytes_before_close(&tap.tap.addr).await;
+    let (code, body) = support::http_get(&tap.admin, "/readyz").await;
+    assert_eq!(code, 503, "{body}");
+    assert_eq!(counter(&tap.tap.stats.upstream_connect_errors), 1);
+    tap.close().await;
+    (seen, body)
 }
 
 #[tokio::test]
-async fn upstream_certificate_problems_reach_the_client_with_side_and_reason() {
+async fn upstream_certificate_problems_close_the_client_and_readyz_names_side_and_reason() {
     let dir = support::TempDir::new("tls-errors-up");
     let pki = certs::make(dir.path());
     let expired = upstream_failure(&pki.ca, &pki.expired_cert, &pki.expired_key).await;
     let wrong = upstream_failure(&pki.ca, &pki.wrong_name_cert, &pki.wrong_name_key).await;
     // A good certificate, from a CA the tap is not told to trust.
     let unknown_ca = upstream_failure(&pki.other_ca, &pki.server_cert, &pki.server_key).await;
-    for (msg, reason) in [
-        (&expired, "expired"),
-        (&wrong, "not valid for name"),
-        (&unknown_ca, "unknownissuer"),
+    for ((seen, msg), reason) in [
+        (expired, "expired"),
+        (wrong, "not valid for name"),
+        (unknown_ca, "unknownissuer"),
     ] {
+        assert_eq!(seen, Some(0), "closed before the handshake ({reason})");
         let lower = msg.to_lowercase();
         assert!(
             lower.contains("upstream") && lower.contains("tls handshake failed"),
@@ -136,55 +135,65 @@ async fn log_line(stderr: &Path, n: usize) -> String {
     .await
 }
 
+/// Each client-side failure is logged naming its reason (a tap each, since a tap logs the first
+/// failure at once and then a count every few seconds); a burst of them is one line, not one
+/// line each.
 #[tokio::test]
 async fn client_side_certificate_problems_are_logged_with_side_and_reason() {
     let dir = support::TempDir::new("tls-errors-down");
     let pki = certs::make(dir.path());
-    let (_tap, sock, stderr) = tls_tap(dir.path(), &pki, &pki.server_cert, &pki.server_key);
-    support::listening(&sock).await;
-
-    // An expired client certificate.
-    try_tls(
-        &sock,
-        ClientTls {
-            ca: Some(pki.ca.clone()),
-            cert: Some(pki.expired_client_cert.clone()),
-            key: Some(pki.expired_client_key.clone()),
-            sni: None,
-        },
-    )
-    .await;
-    let line = log_line(&stderr, 1).await;
-    assert!(line.to_lowercase().contains("expired"), "{line}");
-
+    let expired = ClientTls {
+        ca: Some(pki.ca.clone()),
+        cert: Some(pki.expired_client_cert.clone()),
+        key: Some(pki.expired_client_key.clone()),
+        sni: None,
+    };
     // A client certificate from a CA the tap does not trust.
-    try_tls(
-        &sock,
-        ClientTls {
-            ca: Some(pki.ca.clone()),
-            cert: Some(pki.stranger_cert.clone()),
-            key: Some(pki.stranger_key.clone()),
-            sni: None,
-        },
-    )
-    .await;
-    let line = log_line(&stderr, 2).await;
-    assert!(line.to_lowercase().contains("unknownissuer"), "{line}");
+    let stranger = ClientTls {
+        ca: Some(pki.ca.clone()),
+        cert: Some(pki.stranger_cert.clone()),
+        key: Some(pki.stranger_key.clone()),
+        sni: None,
+    };
+    for (i, (client, reason)) in [(expired, "expired"), (stranger, "unknownissuer")]
+        .into_iter()
+        .enumerate()
+    {
+        let dir = dir.path().join(i.to_string());
+        std::fs::create_dir(&dir).unwrap();
+        let (_tap, sock, stderr) = tls_tap(&dir, &pki, &pki.server_cert, &pki.server_key);
+        support::listening(&sock).await;
+        try_tls(&sock, client).await;
+        let line = log_line(&stderr, 1).await;
+        assert!(line.to_lowercase().contains(reason), "{line}");
+    }
 
     // Plaintext HTTP/2 to the TLS listener: refused, and said so.
-    let io = tokio::net::UnixStream::connect(&sock).await.unwrap();
-    let refused = match h2::client::handshake(io).await {
-        Err(_) => true,
-        Ok((mut send, conn)) => {
-            tokio::spawn(conn);
-            raw::exchange(&mut send, "/echo", Bytes::from_static(b"x"))
-                .await
-                .is_err()
+    let (_tap, sock, stderr) = tls_tap(dir.path(), &pki, &pki.server_cert, &pki.server_key);
+    support::listening(&sock).await;
+    let plaintext = || async {
+        let io = tokio::net::UnixStream::connect(&sock).await.unwrap();
+        match h2::client::handshake(io).await {
+            Err(_) => true,
+            Ok((mut send, conn)) => {
+                tokio::spawn(conn);
+                raw::exchange(&mut send, "/echo", Bytes::from_static(b"x"))
+                    .await
+                    .is_err()
+            }
         }
     };
-    assert!(refused, "plaintext got through a TLS listener");
-    let line = log_line(&stderr, 3).await;
+    assert!(plaintext().await, "plaintext got through a TLS listener");
+    let line = log_line(&stderr, 1).await;
     assert!(!line.is_empty());
+    // A fleet that trusts the wrong root: twenty more at once are still that one line.
+    for _ in 0..20 {
+        assert!(plaintext().await);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let lines = std::fs::read_to_string(&stderr).unwrap();
+    let failures = lines.matches("Client TLS handshake failed").count();
+    assert_eq!(failures, 1, "{lines}");
 }
 
 #[tokio::test]
@@ -213,10 +222,10 @@ async fn a_client_rejecting_the_taps_expired_certificate_is_logged() {
 /// `/readyz` tells the truth about the upstream: a TLS port behind a plaintext tap, and one
 /// that accepts and never answers, are not ready, the cause named; the same TLS port dialled
 /// with TLS answers HTTP/2 and is ready. Asked 50 times in a row, and 3 x 50 times at once, the
-/// tap dials it at most about once a second.
+/// tap dials a mute upstream at most about once a second, and an answering one once: it keeps
+/// that connection, and dials again only once it closes (`readyz_keeps_one_connection`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_says_whether_the_upstream_answers_http2() {
-    use support::tap::XdsTap;
     let dir = support::TempDir::new("readyz");
     let pki = certs::make(dir.path());
     let tls = tls_upstream(&pki.server_cert, &pki.server_key).await;
@@ -270,4 +279,68 @@ async fn readyz_says_whether_the_upstream_answers_http2() {
     plain.close().await;
     secure.close().await;
     mute.close().await;
+}
+
+/// An upstream that answers HTTP/2 is dialled once for any number of probes over seconds: the
+/// connection is kept. When the upstream goes away the next probe says so, and when it is back
+/// one new connection serves the probes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_keeps_one_connection() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let serve = |listener: tokio::net::TcpListener| {
+        let counter = accepted.clone();
+        tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            while let Ok((s, _)) = listener.accept().await {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                conns.spawn(raw::serve_conn(s, raw::Log::default()));
+            }
+        })
+    };
+    let server = serve(listener);
+    let tap = XdsTap::start(TapOptions::new(&addr)).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    let mut probes = 0;
+    while std::time::Instant::now() < deadline {
+        let (code, body) = support::http_get(&tap.admin, "/readyz").await;
+        assert_eq!((code, body.as_str()), (200, "ready\n"));
+        probes += 1;
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let dials = accepted.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(dials, 1, "{probes} probes over 3 s dialled {dials} times");
+
+    // The upstream goes away (its task and every connection with it).
+    server.abort();
+    let _ = server.await;
+    readyz_becomes(&tap.admin, 503).await;
+    let listener = tokio::net::TcpListener::bind(&addr).await.unwrap();
+    let _server = serve(listener);
+    readyz_becomes(&tap.admin, 200).await;
+    let before = accepted.load(std::sync::atomic::Ordering::SeqCst);
+    for _ in 0..15 {
+        let (code, _) = support::http_get(&tap.admin, "/readyz").await;
+        assert_eq!(code, 200);
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), before);
+    tap.close().await;
+}
+
+/// Probes `/readyz` every 100 ms until it answers `code`, for at most 5 s.
+async fn readyz_becomes(admin: &str, code: u16) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let (now, body) = support::http_get(admin, "/readyz").await;
+        if now == code {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "/readyz still says {now} {body:?}, not {code}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }

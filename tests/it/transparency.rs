@@ -241,29 +241,27 @@ async fn resets_propagate_with_the_same_code_both_ways() {
     assert_eq!(seen.reset, Some(Reason::HTTP_1_1_REQUIRED));
 }
 
+/// An upstream the tap cannot reach looks to the client like a server it cannot reach: its
+/// connection closes before the tap says a byte of HTTP/2, so its own connection backoff
+/// applies (a handshake followed by UNAVAILABLE sent grpcio's C-core into retries without
+/// backoff). Once the upstream is up, the next connection works.
 #[tokio::test]
-async fn unreachable_upstream_gives_unavailable_naming_it_then_recovers() {
+async fn an_unreachable_upstream_closes_the_connection_before_the_handshake_then_recovers() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let upstream = listener.local_addr().unwrap().to_string();
     drop(listener);
     let tap = Tap::start(&upstream).await;
-    let mut client = echo::client(channel(tap.url()).await);
-    client.ready().await.unwrap();
-    let status = client
-        .unary(
-            tonic::Request::new(Bytes::from_static(b"x")),
-            echo::path(echo::UNARY),
-            echo::BytesCodec,
-        )
-        .await
-        .unwrap_err();
-    assert_eq!(status.code(), tonic::Code::Unavailable);
-    assert!(status.message().contains(&upstream), "{}", status.message());
+    assert_eq!(
+        raw::bytes_before_close(&tap.addr).await,
+        Some(0),
+        "closed with nothing said"
+    );
     assert_eq!(counter(&tap.stats.upstream_connect_errors), 1);
 
-    // The upstream comes up on the same port: the next stream on the same connection works.
+    // The upstream comes up on the same port: a new connection works.
     let listener = TcpListener::bind(&upstream).await.unwrap();
     let _stop = echo::serve_tcp(listener).await;
+    let mut client = echo::client(channel(tap.url()).await);
     client.ready().await.unwrap();
     let resp = client
         .unary(
@@ -394,6 +392,72 @@ async fn shutdown_lets_open_streams_finish() {
     drop(tx);
     assert!(inbound.next().await.is_none());
     tokio::time::timeout(Duration::from_secs(5), shutdown)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+/// A tap that stops never drops a socket with bytes unread, which would make the kernel reset
+/// the connection and the control plane lose what it had not yet read (a proxy's last ACK):
+/// here the control plane reads nothing for a second while it floods the client without end,
+/// the client reads nothing either, and the tap's grace runs out with most of the client's 2 MiB still on their
+/// way (a small receive window holds them in the tap's kernel and queue);
+/// still every byte the client sent before its connection ended reaches the control plane,
+/// followed by a clean end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_tap_loses_nothing_the_client_sent() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // A small receive window: what the tap writes past it waits in the tap's kernel, unsent.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(64 << 10).unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(16).unwrap();
+    let upstream = listener.local_addr().unwrap().to_string();
+    let control_plane = tokio::spawn(async move {
+        let (s, _) = listener.accept().await.unwrap();
+        let (mut read, mut write) = s.into_split();
+        // More than every buffer on the way holds: some stays unread in the tap's socket. Not
+        // HTTP/2 frames: the tap stops observing, so nothing settles and the grace runs out.
+        let flood = tokio::spawn(async move {
+            let chunk = vec![0xffu8; 64 << 10];
+            while write.write_all(&chunk).await.is_ok() {}
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let mut got = Vec::new();
+        let end = read.read_to_end(&mut got).await;
+        flood.abort();
+        (got, end.map(drop).map_err(|e| e.kind()))
+    });
+    let mut options = TapOptions::new(&upstream);
+    options.settings.shutdown_grace = Duration::from_millis(200);
+    let tap = Tap::with(options).await;
+    let client = tokio::net::TcpStream::connect(&tap.addr).await.unwrap();
+    let mut sent = xdstap::proxy::PREFACE.to_vec();
+    // More than the control plane's receive window: the tap holds some of it, written to its
+    // kernel but not yet sent, when its grace runs out.
+    sent.extend((0..2u32 << 20).map(|i| (i % 251) as u8));
+    let (mut client_read, mut client_write) = client.into_split();
+    let to_send = sent.clone();
+    let writer = tokio::spawn(async move {
+        client_write.write_all(&to_send).await.unwrap();
+        client_write
+    });
+    // The tap has read every byte (into its queue and its kernel) before it is told to stop.
+    support::eventually(5, "the client's bytes relayed", || {
+        (counter(&tap.stats.request_bytes) == sent.len() as u64).then_some(())
+    })
+    .await;
+    let client_write = writer.await.unwrap();
+    let stopping = tokio::spawn(tap.shutdown());
+    // The client, as Envoy does, closes once the tap has closed its side.
+    let mut sink = vec![0u8; 1 << 20];
+    while matches!(client_read.read(&mut sink).await, Ok(n) if n > 0) {}
+    drop((client_read, client_write));
+    let (got, end) = control_plane.await.unwrap();
+    assert_eq!(end, Ok(()), "a clean end, not a reset");
+    assert_eq!(got.len(), sent.len());
+    assert!(got == sent, "the bytes differ");
+    tokio::time::timeout(Duration::from_secs(10), stopping)
         .await
         .unwrap()
         .unwrap();

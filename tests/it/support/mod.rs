@@ -6,6 +6,7 @@ pub mod control_plane;
 pub mod csds;
 pub mod echo;
 pub mod envoy;
+pub mod grpc;
 pub mod otlp;
 pub mod prom;
 pub mod raw;

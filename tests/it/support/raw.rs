@@ -184,3 +184,27 @@ pub fn subscribe(node: &str) -> Bytes {
     };
     grpc(&m.encode_to_vec())
 }
+
+/// What a client sees of a connection to `addr` once it has said the HTTP/2 preface and its
+/// SETTINGS: how many bytes came back before the connection closed (0: closed before the
+/// server's handshake, as a server that is not there), or `None` when it stayed open for 5 s.
+pub async fn bytes_before_close(addr: &str) -> Option<usize> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut hello = xdstap::proxy::PREFACE.to_vec();
+    hello.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    s.write_all(&hello).await.unwrap();
+    let mut got = 0;
+    let mut buf = [0u8; 4096];
+    let read_all = async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return got,
+                Ok(n) => got += n,
+            }
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(5), read_all)
+        .await
+        .ok()
+}

@@ -57,6 +57,9 @@ struct TypeEntry {
     nack: Option<(Nack, Timestamp)>,
     /// When the client first asked for the type (none: it never did, pushes came unasked).
     subscribed_at: Option<Timestamp>,
+    /// The client, reconnecting, stated what it runs of the type (a SotW version, Delta
+    /// resource versions): it runs config, whether or not anything is pushed.
+    stated: bool,
     /// When the type became SYNCED: the ACK after a NACK, or the first.
     acked_at: Option<Timestamp>,
     /// The open CDS push that waits for EDS, and the EDS names it waits for.
@@ -99,10 +102,11 @@ impl TypeEntry {
             self.api = context.stream.api;
         }
         match event {
-            Event::Resubscribe { version, .. }
-                if !version.is_empty() && self.version_accepted.is_none() =>
-            {
-                self.version_accepted = Some(version.clone());
+            Event::Resubscribe { version, .. } => {
+                self.stated = true;
+                if !version.is_empty() && self.version_accepted.is_none() {
+                    self.version_accepted = Some(version.clone());
+                }
             }
             // A heartbeat is no push: it changes no content, and only its answer counts.
             Event::Push { push, .. } if push.heartbeat() => {}
@@ -441,7 +445,7 @@ fn type_state(t: &TypeEntry, now: Timestamp, stale: u64) -> (SyncState, Option<T
     let pending_at = t.pending.as_ref().map(|(_, at)| *at);
     let overdue = pending_at.is_some_and(|at| now.saturating_sub(at) >= stale);
     // Asked for, and the control plane never answered: a client waits for it.
-    let unanswered = (t.pushes == 0 && t.version_accepted.is_none())
+    let unanswered = (t.pushes == 0 && t.version_accepted.is_none() && !t.stated)
         .then_some(t.subscribed_at)
         .flatten()
         .filter(|at| now.saturating_sub(*at) >= stale);
@@ -451,7 +455,7 @@ fn type_state(t: &TypeEntry, now: Timestamp, stale: u64) -> (SyncState, Option<T
         (SyncState::Stale, Some(at + stale))
     } else if let Some((_, since)) = &t.nack {
         (SyncState::Nacked, Some(*since))
-    } else if t.version_accepted.is_some() {
+    } else if t.version_accepted.is_some() || t.stated {
         (SyncState::Synced, t.acked_at.or(t.subscribed_at))
     } else if pending_at.is_some() {
         (SyncState::Pending, pending_at)
@@ -629,6 +633,32 @@ mod tests {
         let report = board.report(31 * S, None);
         assert_eq!(report.nodes[0].state(), SyncState::Synced);
         assert!(report.nodes[0].connected);
+    }
+
+    /// A client that reconnects stating what it runs runs config, pushed to or not (a control
+    /// plane that sees its versions current may send nothing): SotW by its version, Delta by
+    /// its resource versions. A plain subscription that is never answered goes STALE.
+    #[test]
+    fn a_resubscribe_that_states_what_it_runs_is_synced() {
+        let board = StatusBoard::new(StatusSettings {
+            stale_after: Duration::from_secs(10),
+            ..Default::default()
+        });
+        let mut e = Vec::new();
+        let mut sotw = stream(1);
+        sotw.on_request(req(Some("sotw"), "v7", "", None), S, &mut e);
+        let mut delta = Correlator::new(Api::Delta, StreamContext::default());
+        let mut first = req(Some("delta"), "", "", None);
+        first.initial_resource_versions = vec![("a".into(), "3".into())];
+        delta.on_request(first, S, &mut e);
+        let mut fresh = Correlator::new(Api::Delta, StreamContext::default());
+        fresh.on_request(req(Some("fresh"), "", "", None), S, &mut e);
+        feed(&board, e);
+        let t = cds(&board, "sotw", 20 * S);
+        assert_eq!(t.state(), SyncState::Synced);
+        assert_eq!(t.version_accepted.as_deref(), Some("v7"));
+        assert_eq!(cds(&board, "delta", 20 * S).state(), SyncState::Synced);
+        assert_eq!(cds(&board, "fresh", 20 * S).state(), SyncState::Stale);
     }
 
     #[test]

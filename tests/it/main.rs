@@ -24,6 +24,7 @@ mod partial;
 mod proxyless;
 mod recipes;
 mod restarts;
+mod roll;
 mod rollouts;
 mod spans;
 mod status;

@@ -130,7 +130,7 @@ pub struct WatchArgs {
     #[arg(long = "type", short = 't', value_name = "TYPE", value_delimiter = ',', value_parser = crate::xds::type_name)]
     pub types: Vec<String>,
     /// Only these kinds; repeat or separate with commas [default: ack, nack, superseded,
-    /// unanswered].
+    /// unanswered, resubscribe].
     #[arg(long = "verdict", value_name = "KIND", value_delimiter = ',')]
     pub verdicts: Vec<WatchKind>,
     /// Stop after this many lines.
@@ -158,6 +158,8 @@ pub enum WatchKind {
     Unanswered,
     /// A CDS push waits for endpoints (cluster warming), or got them.
     Warming,
+    /// A client reconnected, stating what it runs.
+    Resubscribe,
     /// An answer to a push already superseded.
     StaleAnswer,
     /// The control plane sent a nonce again.
@@ -175,6 +177,7 @@ impl WatchKind {
             WatchKind::Superseded => "superseded",
             WatchKind::Unanswered => "unanswered",
             WatchKind::Warming => "warming",
+            WatchKind::Resubscribe => "resubscribe",
             WatchKind::StaleAnswer => "stale-answer",
             WatchKind::NonceReused => "nonce-reused",
             WatchKind::UnmatchedAnswer => "unmatched-answer",

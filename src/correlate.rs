@@ -22,8 +22,10 @@
 //! Cluster warming: once running, Envoy holds its answer to a CDS push until every cluster the
 //! push adds or changes that takes its endpoints from EDS has received them (or its
 //! `initial_fetch_timeout`, 15 s by default, passed); while it starts it does not hold it. A CDS
-//! push to a client that accepted clusters before (on this stream, or as it says when it
-//! reconnects) names those clusters' EDS resources; each EDS push after it on the stream
+//! push to a client that accepted clusters before (on this stream, or, when it reconnects
+//! stating a version, as the [`Ledger`] knows it from its last stream) names those clusters'
+//! EDS resources; a reconnecting client whose clusters the tap does not know is not followed
+//! (every cluster would look new); each EDS push after it on the stream
 //! strikes off the names it carries; [`Event::Warming`] tells what is left whenever it changes,
 //! and the push's verdict says what was still missing when the answer came. Only within one
 //! stream (ADS): per-type streams carry CDS and EDS apart.
@@ -41,7 +43,9 @@ use crate::xds::{
     Api, ErrorDetail, Interner, Node, Request, Resources, Response, CLUSTER, ENDPOINTS,
 };
 
+pub mod ledger;
 pub mod scope;
+pub use ledger::Ledger;
 pub use scope::{Rejected, Scope};
 
 /// Nanoseconds since the Unix epoch.
@@ -380,8 +384,9 @@ struct Subscription {
     decided: VecDeque<(String, Decided)>,
     /// What the client last accepted, to diff a NACKed push against.
     accepted: Option<Accepted>,
-    /// The first request stated what the client already has (a reconnect).
-    resumed: bool,
+    /// SotW: the version the client says it runs (its last answer's, or, reconnecting, the one
+    /// its first request states).
+    running_version: Option<String>,
     /// The content of the last push the client NACKed, and how often it was pushed again.
     rejected: Option<(u64, u32)>,
     /// Delta: the version of the last push (in the order they went out) the client accepted
@@ -390,13 +395,15 @@ struct Subscription {
 }
 
 /// What the client runs of one type.
+#[derive(Clone)]
 enum Accepted {
-    /// SotW: the last accepted push is the whole state; kept by reference, not copied.
-    Push(Arc<Push>),
-    /// SotW after a partial NACK: that push, but for the resources it rejected, which keep the
-    /// digest they had (none: they were new). A stream keeps only where it differs from the
-    /// push, which the fleet shares.
-    Except(Arc<Push>, Vec<(String, Option<u64>)>),
+    /// SotW: the last accepted push's resources are the whole state; kept by reference, not
+    /// copied (the fleet shares them).
+    Push(Arc<Resources>),
+    /// SotW after a partial NACK: that push's resources, but for those it rejected, which keep
+    /// the digest they had (none: they were new). A stream keeps only where it differs from
+    /// the push, which the fleet shares.
+    Except(Arc<Resources>, Vec<(String, Option<u64>)>),
     /// Delta: name -> digest, folded over what was applied.
     Digests(HashMap<String, u64>),
 }
@@ -404,9 +411,9 @@ enum Accepted {
 impl Accepted {
     fn digests(&self) -> HashMap<String, u64> {
         // A name twice in a push: Envoy runs the first.
-        let of = |p: &Push| -> HashMap<String, u64> {
+        let of = |p: &Resources| -> HashMap<String, u64> {
             let mut m = HashMap::new();
-            for r in p.resources.iter() {
+            for r in p.iter() {
                 m.entry(r.name.into_owned()).or_insert(r.digest);
             }
             m
@@ -480,9 +487,9 @@ impl Subscription {
                         (r.name.into_owned(), had)
                     })
                     .collect();
-                self.accepted = Some(Accepted::Except(push.clone(), kept));
+                self.accepted = Some(Accepted::Except(push.resources.clone(), kept));
             }
-            (Api::Sotw, _) => self.accepted = Some(Accepted::Push(push.clone())),
+            (Api::Sotw, _) => self.accepted = Some(Accepted::Push(push.resources.clone())),
             (Api::Delta, Some(Accepted::Digests(acc))) => {
                 for n in &push.removed {
                     acc.remove(n);
@@ -506,7 +513,7 @@ impl Subscription {
                     (r.name.clone(), had)
                 })
                 .collect();
-            self.accepted = Some(Accepted::Except(push.clone(), kept));
+            self.accepted = Some(Accepted::Except(push.resources.clone(), kept));
             return;
         }
         let rejected_names = scope::names(rejected);
@@ -546,6 +553,8 @@ pub struct Correlator {
     ended: bool,
     /// Where pushes' resource sets are held once for every stream.
     interner: Option<Arc<Interner>>,
+    /// What each node ran when its last stream ended.
+    ledger: Option<Arc<Ledger>>,
 }
 
 impl Correlator {
@@ -580,12 +589,20 @@ impl Correlator {
             warming: VecDeque::new(),
             ended: false,
             interner: None,
+            ledger: None,
         }
     }
 
     /// Pushes' resource sets go through `interner`, shared with every stream's equal sets.
     pub fn with_interner(mut self, interner: Arc<Interner>) -> Self {
         self.interner = Some(interner);
+        self
+    }
+
+    /// What a node runs is kept in `ledger` when the stream ends, and read from it when the
+    /// node reconnects.
+    pub fn with_ledger(mut self, ledger: Arc<Ledger>) -> Self {
+        self.ledger = Some(ledger);
         self
     }
 
@@ -654,6 +671,8 @@ impl Correlator {
         }
         let context = self.context(&req.type_url, now);
         let api = self.api;
+        let ledger = self.ledger.clone();
+        let node = self.node.clone();
         let Some(sub) = self.subscription(&req.type_url) else {
             return;
         };
@@ -663,9 +682,15 @@ impl Correlator {
                 sub.names = req.resource_names.clone();
             }
             if req.response_nonce.is_empty() {
-                let first = first_request(api, context, req);
-                sub.resumed = matches!(first, Event::Resubscribe { .. });
-                out.push(first);
+                // Reconnecting, a SotW client says which version it runs: when its last stream
+                // through this tap ended on that version, what it runs is known.
+                if api == Api::Sotw && !req.version_info.is_empty() {
+                    sub.running_version = Some(req.version_info.clone());
+                    if let (Some(ledger), Some(node)) = (ledger, node) {
+                        sub.accepted = ledger.recall(&node.id, &req.type_url, &req.version_info);
+                    }
+                }
+                out.push(first_request(api, context, req));
                 return;
             }
         }
@@ -790,7 +815,7 @@ impl Correlator {
         let Some(sub) = self.subscribed(CLUSTER) else {
             return;
         };
-        if sub.accepted.is_none() && !sub.resumed {
+        if sub.accepted.is_none() {
             return;
         }
         let names = warming_names(push, sub.accepted.as_ref());
@@ -891,6 +916,13 @@ impl Correlator {
                 out.push(verdict(&context, push, v, now));
             }
         }
+        if let (Some(ledger), Some(node)) = (&self.ledger, &self.node) {
+            for (type_url, sub) in &types {
+                if let (Some(version), Some(accepted)) = (&sub.running_version, &sub.accepted) {
+                    ledger.record(&node.id, type_url, version, accepted.clone());
+                }
+            }
+        }
         self.types = types;
         self.settle_warming(&mut out[decided_from..]);
         self.warming.clear();
@@ -951,6 +983,9 @@ fn answer(
         Api::Sotw => sub.open.front().map(|p| p.nonce.clone()),
         Api::Delta => None,
     };
+    if api == Api::Sotw {
+        sub.running_version = Some(req.version_info.clone());
+    }
     // Delta requests carry no version: what it runs is what it last accepted.
     let client_version = match api {
         Api::Sotw => Some(req.version_info.clone()),
@@ -1028,11 +1063,9 @@ fn warming_names(push: &Push, accepted: Option<&Accepted>) -> Vec<String> {
             continue;
         }
         let old = match accepted {
-            Some(Accepted::Push(p)) if p.resources.digest_at(i).map(|d| d.0) == Some(digest) => {
-                continue
-            }
+            Some(Accepted::Push(p)) if p.digest_at(i).map(|d| d.0) == Some(digest) => continue,
             Some(Accepted::Push(p)) => by_name.get_or_insert_with(|| {
-                (p.resources.iter())
+                (p.iter())
                     .map(|o| (o.name.into_owned(), o.digest))
                     .collect()
             }),
@@ -1072,7 +1105,7 @@ fn blame(
     message: &str,
 ) -> (Vec<String>, Vec<String>) {
     let old: Option<HashMap<Cow<'_, str>, u64>> = accepted.map(|a| match a {
-        Accepted::Push(p) => p.resources.iter().map(|r| (r.name, r.digest)).collect(),
+        Accepted::Push(p) => p.iter().map(|r| (r.name, r.digest)).collect(),
         Accepted::Digests(m) => m.iter().map(|(k, v)| (Cow::from(k), *v)).collect(),
         Accepted::Except(..) => (a.digests().into_iter())
             .map(|(k, v)| (Cow::from(k), v))

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::correlate::{Correlator, Event, StreamContext};
+use crate::correlate::{Correlator, Event, Ledger, StreamContext};
 use crate::grpc::{Deframer, Part};
 use crate::sinks::{now, EventSender, TapStats};
 use crate::proxy::{Direction, Headers, Observe, Side, StreamEnd, StreamInfo, StreamObserver};
@@ -22,6 +22,8 @@ pub struct Tap {
     decode_limit: u64,
     /// Pushes' resource sets, held once for all streams.
     interner: Arc<Interner>,
+    /// What each node ran when its last stream ended, for the stream it reconnects on.
+    ledger: Arc<Ledger>,
 }
 
 impl Tap {
@@ -32,6 +34,7 @@ impl Tap {
             stats,
             decode_limit,
             interner: Arc::default(),
+            ledger: Arc::default(),
         }
     }
 }
@@ -60,7 +63,9 @@ impl Observe for Tap {
             upstream: info.upstream.into(),
         };
         Box::new(XdsStream {
-            correlator: Correlator::new(method.api, context).with_interner(self.interner.clone()),
+            correlator: Correlator::new(method.api, context)
+                .with_interner(self.interner.clone())
+                .with_ledger(self.ledger.clone()),
             method,
             request: Decoding {
                 encoding,

@@ -14,7 +14,7 @@ use crate::api::tap::{self, tap_server};
 use crate::correlate::Event;
 use crate::sinks::rollout::type_wanted;
 use crate::sinks::spans::TraceIds;
-use crate::sinks::watch::{kind, watched_event, VERDICTS};
+use crate::sinks::watch::{kind, watched_event, SHOWN};
 
 /// The service over the admin's views.
 pub struct TapApi(pub Arc<Admin>);
@@ -127,12 +127,13 @@ impl Drop for Seat {
 }
 
 /// Every kind a watcher may ask for.
-const KINDS: [&str; 8] = [
+const KINDS: [&str; 9] = [
     "ack",
     "nack",
     "superseded",
     "unanswered",
     "warming",
+    "resubscribe",
     "stale-answer",
     "nonce-reused",
     "unmatched-answer",
@@ -147,7 +148,7 @@ fn watch_event(
 ) -> Option<tap::WatchEvent> {
     let kind = kind(event)?;
     let kind_wanted = match filter.kinds.is_empty() {
-        true => VERDICTS.contains(&kind),
+        true => SHOWN.contains(&kind),
         false => filter.kinds.iter().any(|k| k == kind),
     };
     let context = event.context();

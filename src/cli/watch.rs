@@ -187,6 +187,9 @@ pub fn line(e: &WatchEvent, wide: bool) -> String {
         ),
         _ => {}
     }
+    if e.kind == "resubscribe" {
+        add(&mut s, stated(e));
+    }
     if matches!(
         e.kind.as_str(),
         "stale-answer" | "nonce-reused" | "unmatched-answer"
@@ -194,6 +197,22 @@ pub fn line(e: &WatchEvent, wide: bool) -> String {
         add(&mut s, format!("nonce {}", e.nonce));
     }
     s
+}
+
+/// What a reconnecting client states it runs: SotW its version (on the line already), Delta
+/// its resource versions.
+fn stated(e: &WatchEvent) -> String {
+    if e.stated_count == 0 {
+        return "stating the version it runs".into();
+    }
+    let shown: Vec<String> = (e.stated.iter().take(3))
+        .map(|s| format!("{}@{}", s.name, s.version))
+        .collect();
+    let more = e.stated_count as usize - shown.len();
+    match more {
+        0 => format!("stating {}", shown.join(", ")),
+        n => format!("stating {} and {n} more", shown.join(", ")),
+    }
 }
 
 /// What a client runs after a whole NACK: the version it kept, when it said or the tap knows.

@@ -713,6 +713,88 @@ fn waiting_for(events: &[Event]) -> Vec<String> {
     }
 }
 
+fn as_node(id: &str, r: Request) -> Request {
+    Request {
+        node: Some(Node {
+            id: id.into(),
+            ..Default::default()
+        }),
+        ..r
+    }
+}
+
+/// A stream of `node` that takes CDS `version` (`clusters`) and ends, recorded in `ledger`.
+fn ran(ledger: &Arc<Ledger>, node: &str, version: &str, clusters_: &[(&str, u64, Option<&str>)]) {
+    let mut c = correlator(Api::Sotw).with_ledger(ledger.clone());
+    step(&mut c, |c, o| c.on_request(as_node(node, req(CDS, "", "", &[])), 0, o));
+    step(&mut c, |c, o| {
+        c.on_response(clusters(version, "was", clusters_), 0, o)
+    });
+    step(&mut c, |c, o| c.on_request(req(CDS, version, "was", &[]), 0, o));
+    step(&mut c, |c, o| c.on_stream_end(None, "gone", 0, o));
+}
+
+/// A reconnecting client runs what its last stream ended on when it states that version: the
+/// same clusters pushed again are nothing new and wait for nothing, a changed one does, and a
+/// NACK is blamed against what it ran. Stating a version the tap does not know (its last
+/// stream went through another tap), nothing is said to wait, and every resource counts as
+/// changed.
+#[test]
+fn a_reconnecting_client_runs_what_its_last_stream_ended_on() {
+    let ledger = Arc::new(Ledger::default());
+    let v7 = [("a", 1, Some("")), ("b", 2, Some("")), ("s", 3, None)];
+    ran(&ledger, "n", "v7", &v7);
+    assert_eq!(ledger.nodes(), 1);
+    let mut c = correlator(Api::Sotw).with_ledger(ledger.clone());
+    let e = step(&mut c, |c, o| c.on_request(as_node("n", req(CDS, "v7", "", &[])), 1, o));
+    assert!(matches!(&e[..], [Event::Resubscribe { version, .. }] if version == "v7"));
+    let e = step(&mut c, |c, o| c.on_response(clusters("v7", "r1", &v7), 2, o));
+    assert!(warming(&e).is_empty(), "nothing changed: {e:?}");
+    let e = step(&mut c, |c, o| c.on_request(req(CDS, "v7", "r1", &[]), 3, o));
+    assert!(waiting_for(&e).is_empty());
+    let v8 = [("a", 1, Some("")), ("b", 20, Some("")), ("s", 3, None)];
+    let e = step(&mut c, |c, o| c.on_response(clusters("v8", "r2", &v8), 4, o));
+    assert_eq!(warming(&e), [("r2".into(), vec!["b".into()])]);
+    let e = step(&mut c, |c, o| c.on_request(nack(CDS, "v7", "r2", "no good"), 5, o));
+    match &e[0] {
+        Event::Verdict {
+            verdict: Verdict::Nack { changed, .. },
+            ..
+        } => assert_eq!(changed, &["b"]),
+        other => panic!("{other:?}"),
+    }
+
+    // Another node, or a version the ledger does not have for it: not known.
+    for (node, version) in [("m", "v7"), ("n", "v6")] {
+        let mut c = correlator(Api::Sotw).with_ledger(ledger.clone());
+        step(&mut c, |c, o| c.on_request(as_node(node, req(CDS, version, "", &[])), 1, o));
+        let e = step(&mut c, |c, o| c.on_response(clusters("v8", "u1", &v8), 2, o));
+        assert!(warming(&e).is_empty(), "{node} {version}: {e:?}");
+        let e = step(&mut c, |c, o| c.on_request(nack(CDS, version, "u1", "no good"), 3, o));
+        match &e[0] {
+            Event::Verdict {
+                verdict: Verdict::Nack { changed, .. },
+                ..
+            } => assert_eq!(changed.len(), 3, "{node} {version}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+/// The ledger keeps at most its bound of nodes, the ones recorded longest ago going first.
+#[test]
+fn the_ledger_is_bounded() {
+    let ledger = Ledger::default();
+    let set = Accepted::Push(Arc::new(Resources::default()));
+    for i in 0..ledger::MAX_NODES + 10 {
+        ledger.record(&format!("node-{i}"), CDS, "v1", set.clone());
+    }
+    assert!(ledger.nodes() <= ledger::MAX_NODES, "{}", ledger.nodes());
+    assert!(ledger.recall("node-0", CDS, "v1").is_none(), "the oldest went");
+    let last = format!("node-{}", ledger::MAX_NODES + 9);
+    assert!(ledger.recall(&last, CDS, "v1").is_some());
+}
+
 #[test]
 fn cds_push_waits_for_the_endpoints_of_the_clusters_it_adds_or_changes() {
     // A client that starts does not hold its first CDS answer: nothing warms.
@@ -722,9 +804,12 @@ fn cds_push_waits_for_the_endpoints_of_the_clusters_it_adds_or_changes() {
         c.on_response(clusters("v1", "c1", &[("a", 1, Some(""))]), 2, o)
     });
     assert!(warming(&e).is_empty(), "{e:?}");
-    // One that reconnects, saying it runs v0, does.
-    let mut c = correlator(Api::Sotw);
-    step(&mut c, |c, o| c.on_request(req(CDS, "v0", "", &[]), 1, o));
+    // One that reconnects saying it runs v0, which its last stream through the tap ended on,
+    // does: the ledger knows v0 had none of these clusters.
+    let ledger = Arc::new(Ledger::default());
+    ran(&ledger, "n", "v0", &[("old", 7, Some(""))]);
+    let mut c = correlator(Api::Sotw).with_ledger(ledger);
+    step(&mut c, |c, o| c.on_request(as_node("n", req(CDS, "v0", "", &[])), 1, o));
     let v1 = [("a", 1, Some("")), ("b", 2, Some("b-svc")), ("s", 3, None)];
     let e = step(&mut c, |c, o| {
         c.on_response(clusters("v1", "c1", &v1), 2, o)

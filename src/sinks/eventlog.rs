@@ -1,11 +1,12 @@
-//! The JSON-lines event log: one line per verdict, for users without a trace backend. Runs on
-//! the queue's task; a write error is logged once and the log is given up, never the tap.
+//! The JSON-lines event log: one line per verdict, and one per client reconnecting (its
+//! resubscribe, with the versions it states), for users without a trace backend. Runs on the
+//! sinks' thread; a write error is logged once and the log is given up, never the tap.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use super::record::VerdictRecord;
+use super::record::{ResubscribeRecord, VerdictRecord};
 use super::Sink;
 use crate::correlate::Event;
 
@@ -39,10 +40,14 @@ impl Sink for EventLog {
         let Some(out) = self.out.as_mut() else {
             return;
         };
-        let Some(record) = VerdictRecord::from_event(event) else {
+        let line = if let Some(verdict) = VerdictRecord::from_event(event) {
+            serde_json::to_writer(&mut *out, &verdict)
+        } else if let Some(resubscribe) = ResubscribeRecord::from_event(event) {
+            serde_json::to_writer(&mut *out, &resubscribe)
+        } else {
             return;
         };
-        let written = serde_json::to_writer(&mut *out, &record)
+        let written = line
             .map_err(std::io::Error::from)
             .and_then(|()| out.write_all(b"\n"))
             .and_then(|()| out.flush());

@@ -1,5 +1,6 @@
 //! One verdict as a flat record: what the event log writes per line and what spans carry as
-//! attributes. Names and digests only; never resource contents.
+//! attributes; and a client's resubscribe, which the event log writes too. Names, versions
+//! and digests only; never resource contents.
 
 use serde::Serialize;
 
@@ -185,6 +186,79 @@ impl VerdictRecord {
             }
         }
         Some(r)
+    }
+}
+
+/// A client that reconnected, stating what it runs, flattened: the event log's line for it
+/// (`"event": "resubscribe"`; a verdict's line has a `verdict` instead).
+#[derive(Debug, Clone, Serialize)]
+pub struct ResubscribeRecord {
+    /// Always `resubscribe`.
+    pub event: &'static str,
+    /// When the client's first request on its new stream came, RFC 3339 UTC.
+    pub time: String,
+    /// `node.id`.
+    pub node: String,
+    /// `node.cluster`.
+    pub node_cluster: String,
+    /// Client user agent.
+    pub user_agent: String,
+    /// Short type (`CDS`) or the type URL when not a known one.
+    #[serde(rename = "type")]
+    pub short_type: String,
+    /// Full type URL.
+    pub type_url: String,
+    /// `sotw` or `delta`.
+    pub api: &'static str,
+    /// SotW: the version the client says it runs.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub version: String,
+    /// Delta: the first [`NAMES_CAP`] of the resource versions it says it has, `[name,
+    /// version]`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stated: Vec<(String, String)>,
+    /// Delta: how many resource versions it stated.
+    pub stated_count: usize,
+    /// The first [`NAMES_CAP`] names it asks for (none: every one).
+    pub names: Vec<String>,
+    /// Process-unique stream id.
+    pub stream: u64,
+    /// Client address.
+    pub downstream: String,
+    /// Control plane address.
+    pub upstream: String,
+}
+
+impl ResubscribeRecord {
+    /// The record of a resubscribe event; `None` for other events.
+    pub fn from_event(event: &Event) -> Option<ResubscribeRecord> {
+        let Event::Resubscribe {
+            context,
+            version,
+            versions,
+            names,
+        } = event
+        else {
+            return None;
+        };
+        let node = context.node.as_deref().cloned().unwrap_or_default();
+        Some(ResubscribeRecord {
+            event: "resubscribe",
+            time: rfc3339(context.time),
+            node: node.id,
+            node_cluster: node.cluster,
+            user_agent: node.user_agent,
+            short_type: short_type(&context.type_url).to_string(),
+            type_url: context.type_url.clone(),
+            api: context.stream.api.map_or("", |a| a.as_str()),
+            version: version.clone(),
+            stated: versions.iter().take(NAMES_CAP).cloned().collect(),
+            stated_count: versions.len(),
+            names: names.iter().take(NAMES_CAP).cloned().collect(),
+            stream: context.stream.stream_id,
+            downstream: context.stream.downstream.clone(),
+            upstream: context.stream.upstream.clone(),
+        })
     }
 }
 

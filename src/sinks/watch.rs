@@ -24,8 +24,11 @@ pub const RECENT: usize = 256;
 /// The most of a message a kept or paged verdict holds (the whole one is in `/status`).
 pub const MESSAGE_CAP: usize = 4096;
 
-/// The verdicts a watcher sees unless told which.
+/// The verdicts: what the page keeps and shows.
 pub const VERDICTS: [&str; 4] = ["ack", "nack", "superseded", "unanswered"];
+
+/// What a watcher sees unless told which: the verdicts, and clients reconnecting.
+pub const SHOWN: [&str; 5] = ["ack", "nack", "superseded", "unanswered", "resubscribe"];
 
 /// The broadcast end, and the recent verdicts; cheap to clone.
 #[derive(Clone)]
@@ -83,6 +86,7 @@ pub fn kind(event: &Event) -> Option<&'static str> {
     Some(match event {
         Event::Verdict { verdict, .. } => verdict.name(),
         Event::Warming { .. } => "warming",
+        Event::Resubscribe { .. } => "resubscribe",
         Event::StaleAnswer { .. } => "stale-answer",
         Event::NonceReused { .. } => "nonce-reused",
         Event::UnmatchedAnswer { .. } => "unmatched-answer",
@@ -157,6 +161,18 @@ pub fn watched_event(event: &Event, traces: Option<&TraceIds>) -> Option<WatchEv
             w.nonce = nonce.clone();
             w.version = version.clone();
             w.waiting_for = clusters.clone();
+        }
+        Event::Resubscribe {
+            version, versions, ..
+        } => {
+            w.version = version.clone();
+            w.stated_count = versions.len() as u32;
+            w.stated = (versions.iter().take(NAMES_CAP))
+                .map(|(name, version)| crate::api::tap::StatedVersion {
+                    name: name.clone(),
+                    version: version.clone(),
+                })
+                .collect();
         }
         Event::StaleAnswer { nonce, .. }
         | Event::NonceReused { nonce, .. }

@@ -23,6 +23,7 @@ mod page;
 mod partial;
 mod proxyless;
 mod recipes;
+mod reconnect;
 mod restarts;
 mod roll;
 mod rollouts;

@@ -1,0 +1,121 @@
+//! A reconnect tells the truth. A real Envoy runs clusters `a` and `b` (endpoints from EDS)
+//! through the tap; the control plane restarts, and Envoy reconnects stating the version it
+//! runs. Its clusters did not change, so nothing is new: the resync CDS push waits for no
+//! endpoints (no warming, an ACK waiting for nothing), though Envoy's answer may come before the
+//! endpoints are pushed again. The resubscribe, with the version Envoy stated, is in the event
+//! log and in `xdstap watch`. What the tap knows Envoy runs carries over to the new stream:
+//! a later push that changes `a` alone waits for `a`'s endpoints alone.
+
+use crate::support;
+
+use support::control_plane::ControlPlane;
+use support::envoy::{Envoy, Xds};
+use support::resources::{Snapshot, CDS};
+use support::tap::XdsTap;
+use xdstap::correlate::Event;
+
+/// The events of streams after `after` (by the tap's stream ids).
+fn later(tap: &XdsTap, after: u64) -> Vec<Event> {
+    (tap.events().into_iter())
+        .filter(|e| e.context().stream.stream_id > after)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnected_envoy_whose_clusters_did_not_change_waits_for_nothing() {
+    let (cp, cp_addr, server) =
+        ControlPlane::listening(Snapshot::standard("v1", 1000, 1000, 9)).await;
+    let dir = support::TempDir::new("reconnect");
+    let log = dir.path().join("verdicts.jsonl");
+    let mut config = xdstap::config::Options::from_flags([
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        &cp_addr,
+        "--admin",
+        "127.0.0.1:0",
+    ])
+    .unwrap()
+    .resolve()
+    .unwrap();
+    config.event_log = Some(log.clone());
+    let tap = XdsTap::with_config(config, vec![]).await;
+    let _envoy = Envoy::start("node-1", Xds::Tcp(tap.tap.addr.clone()), false).await;
+    let first = support::eventually(20, "Envoy's ACK of CDS v1", || {
+        tap.verdicts().into_iter().find(|v| {
+            v.type_url == CDS && v.verdict == xdstap::correlate::Verdict::Ack && v.version == "v1"
+        })
+    })
+    .await;
+    let first_stream = (tap.events().iter())
+        .map(|e| e.context().stream.stream_id)
+        .max()
+        .unwrap();
+    let (_watch, watched) = support::watch_into(&tap.admin, dir.path()).await;
+
+    // The control plane restarts on its address; Envoy reconnects through the tap.
+    cp.stop(server).await;
+    let listener = tokio::net::TcpListener::bind(&cp_addr).await.unwrap();
+    let _server = cp.serve(listener);
+    let resync = support::eventually(20, "Envoy's ACK of CDS v1 on its new stream", || {
+        later(&tap, first_stream).into_iter().find_map(|e| match e {
+            Event::Verdict {
+                context,
+                push,
+                verdict: xdstap::correlate::Verdict::Ack,
+                waiting_for,
+                ..
+            } if context.type_url == CDS && push.version == "v1" => Some(waiting_for),
+            _ => None,
+        })
+    })
+    .await;
+    assert!(resync.is_empty(), "the resync ACK waited for {resync:?}");
+    let events = later(&tap, first_stream);
+    let stated = events.iter().find_map(|e| match e {
+        Event::Resubscribe {
+            context, version, ..
+        } if context.type_url == CDS => Some(version.clone()),
+        _ => None,
+    });
+    assert_eq!(stated.as_deref(), Some("v1"), "{events:#?}");
+    let warmed: Vec<&Event> = (events.iter())
+        .filter(|e| matches!(e, Event::Warming { clusters, .. } if !clusters.is_empty()))
+        .collect();
+    assert!(warmed.is_empty(), "nothing changed, yet {warmed:#?}");
+
+    // In the event log and in `xdstap watch`, with the version Envoy stated.
+    let lines = support::eventually(10, "the resubscribe in the event log", || {
+        let text = std::fs::read_to_string(&log).ok()?;
+        let found: Vec<serde_json::Value> = (text.lines())
+            .map(|l| serde_json::from_str(l).unwrap())
+            .filter(|v: &serde_json::Value| v["event"] == "resubscribe" && v["type"] == "CDS")
+            .collect();
+        (!found.is_empty()).then_some(found)
+    })
+    .await;
+    assert_eq!(lines[0]["version"], "v1", "{lines:?}");
+    assert_eq!(lines[0]["node"], "node-1", "{lines:?}");
+    support::eventually(10, "the resubscribe in xdstap watch", || {
+        let text = std::fs::read_to_string(&watched).ok()?;
+        (text.lines())
+            .find(|l| l.contains("node-1  CDS  RESUBSCRIBE  v1"))
+            .map(drop)
+    })
+    .await;
+
+    // What Envoy runs carried over: a push changing `a` alone waits for `a` alone.
+    cp.set(Snapshot::standard("v2", 2000, 1000, 9));
+    let waits = support::eventually(20, "the v2 CDS push's warming", || {
+        later(&tap, first_stream).into_iter().find_map(|e| match e {
+            Event::Warming {
+                version, clusters, ..
+            } if version == "v2" => Some(clusters),
+            _ => None,
+        })
+    })
+    .await;
+    assert_eq!(waits, ["a"]);
+    assert_eq!(first.node, "node-1");
+    tap.close().await;
+}

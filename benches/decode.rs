@@ -1,13 +1,16 @@
 //! Framer + streaming decoder + correlator on a realistic SotW CDS push: 2,000 clusters
-//! (about 1 MiB), fed in 16 KiB DATA frames as the forwarder hands them over, then its ACK.
-//! Run: `cargo bench --bench decode`.
+//! (about 1 MiB), fed in 16 KiB DATA frames as the forwarder hands them over, then its ACK;
+//! once as the first stream to get it, once as every further stream of a fleet gets it (the
+//! tap's interner has seen its resources: `fleet_repeat`). Run: `cargo bench --bench decode`.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use xdstap::correlate::{Correlator, StreamContext};
 use xdstap::grpc::{encode, Deframer, Part};
 use xdstap::xds::scan::{Kind, Scanner};
 use xdstap::xds::wire::bytes as field;
-use xdstap::xds::{Api, Message};
+use xdstap::xds::{Api, Interner, Message};
+
+use std::sync::Arc;
 
 /// A cluster of Istio's shape and size: a long name and ~500 bytes of settings.
 fn cluster(i: usize) -> Vec<u8> {
@@ -63,6 +66,7 @@ fn ack() -> Vec<u8> {
 fn run(
     wire: &[u8],
     kind: Kind,
+    interner: Option<&Arc<Interner>>,
     correlator: &mut Correlator,
     out: &mut Vec<xdstap::correlate::Event>,
 ) {
@@ -71,7 +75,13 @@ fn run(
     for frame in wire.chunks(16 * 1024) {
         deframer
             .feed(frame, &mut |e| match e {
-                Part::Start { len, .. } => scanner = Some(Scanner::new(kind, Some(len as u64))),
+                Part::Start { len, .. } => {
+                    let mut s = Scanner::new(kind, Some(len as u64));
+                    if let Some(i) = interner {
+                        s.set_interner(i.clone());
+                    }
+                    scanner = Some(s);
+                }
                 Part::Body(b) => scanner.as_mut().unwrap().feed(b),
                 Part::End => match scanner.take().unwrap().finish().unwrap() {
                     Message::Response(r) => correlator.on_response(r, 1, out),
@@ -91,8 +101,33 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             let mut correlator = Correlator::new(Api::Sotw, StreamContext::default());
             let mut out = Vec::new();
-            run(&push, Kind::Response(Api::Sotw), &mut correlator, &mut out);
-            run(&ack, Kind::Request(Api::Sotw), &mut correlator, &mut out);
+            run(
+                &push,
+                Kind::Response(Api::Sotw),
+                None,
+                &mut correlator,
+                &mut out,
+            );
+            run(
+                &ack,
+                Kind::Request(Api::Sotw),
+                None,
+                &mut correlator,
+                &mut out,
+            );
+            assert_eq!(out.len(), 2);
+            out
+        })
+    });
+    let interner = Arc::new(Interner::default());
+    g.bench_function("fleet_repeat", |b| {
+        b.iter(|| {
+            let mut correlator = Correlator::new(Api::Sotw, StreamContext::default())
+                .with_interner(interner.clone());
+            let mut out = Vec::new();
+            let sotw = (Kind::Response(Api::Sotw), Kind::Request(Api::Sotw));
+            run(&push, sotw.0, Some(&interner), &mut correlator, &mut out);
+            run(&ack, sotw.1, Some(&interner), &mut correlator, &mut out);
             assert_eq!(out.len(), 2);
             out
         })

@@ -392,6 +392,9 @@ struct Subscription {
     /// Delta: the version of the last push (in the order they went out) the client accepted
     /// in whole, and when that push went out.
     accepted_version: Option<(String, Timestamp)>,
+    /// Delta, reconnecting: the resource versions the client stated it has, until it accepts
+    /// a push on this stream (what it runs is then known by digest).
+    stated: Option<HashMap<String, String>>,
 }
 
 /// What the client runs of one type.
@@ -690,6 +693,10 @@ impl Correlator {
                         sub.accepted = ledger.recall(&node.id, &req.type_url, &req.version_info);
                     }
                 }
+                if api == Api::Delta && !req.initial_resource_versions.is_empty() {
+                    let stated = req.initial_resource_versions.iter().cloned().collect();
+                    sub.stated = Some(stated);
+                }
                 out.push(first_request(api, context, req));
                 return;
             }
@@ -815,10 +822,32 @@ impl Correlator {
         let Some(sub) = self.subscribed(CLUSTER) else {
             return;
         };
-        if sub.accepted.is_none() {
-            return;
-        }
-        let names = warming_names(push, sub.accepted.as_ref());
+        let names = match (&sub.accepted, &sub.stated) {
+            (Some(accepted), _) => {
+                // Same place, same digest: the same resource (a digest covers the name, and
+                // pushes list their clusters in the same order as a rule); only the others'
+                // names are decoded and looked up.
+                let mut by_name: Option<HashMap<String, u64>> = None;
+                warming_names(push, |i, digest| {
+                    let old = match accepted {
+                        Accepted::Push(p) if p.digest_at(i).map(|d| d.0) == Some(digest) => {
+                            return true
+                        }
+                        Accepted::Digests(m) => m,
+                        a => by_name.get_or_insert_with(|| a.digests()),
+                    };
+                    let r = push.resources.get(i);
+                    r.is_some_and(|r| old.get(&*r.name) == Some(&digest))
+                })
+            }
+            // A reconnected Delta client has, of each resource, the version it stated.
+            (None, Some(stated)) => warming_names(push, |i, _| {
+                let r = push.resources.get(i);
+                let stated = r.as_ref().and_then(|r| stated.get(&*r.name));
+                stated.is_some() && stated.map(|v| v.as_str()) == r.as_ref().and_then(|r| r.version)
+            }),
+            (None, None) => return,
+        };
         if names.is_empty() {
             return;
         }
@@ -1043,41 +1072,24 @@ fn answer(
     });
 }
 
-/// The EDS names of the clusters in a CDS `push` that take endpoints from EDS and are new or
-/// changed against what the client accepted. A resource's digest covers its name, so one at the
-/// same place with the same digest as in the accepted push is the same resource, unchanged:
-/// pushes list their clusters in the same order as a rule, and only the others' names are
-/// decoded and looked up.
-fn warming_names(push: &Push, accepted: Option<&Accepted>) -> Vec<String> {
+/// The EDS names of the clusters in a CDS `push` that take endpoints from EDS and that the
+/// client does not `has` (by place in the push and digest) as they are.
+fn warming_names(push: &Push, mut has: impl FnMut(usize, u64) -> bool) -> Vec<String> {
     let pushed = &push.resources;
     if !pushed.has_eds() {
         return vec![];
     }
-    let mut by_name: Option<HashMap<String, u64>> = None;
     let mut names = Vec::new();
     for i in 0..pushed.len() {
         let Some((digest, eds)) = pushed.digest_at(i) else {
             break;
         };
-        if !eds || names.len() == MAX_WARMING_NAMES {
+        if !eds || names.len() == MAX_WARMING_NAMES || has(i, digest) {
             continue;
         }
-        let old = match accepted {
-            Some(Accepted::Push(p)) if p.digest_at(i).map(|d| d.0) == Some(digest) => continue,
-            Some(Accepted::Push(p)) => by_name.get_or_insert_with(|| {
-                (p.iter())
-                    .map(|o| (o.name.into_owned(), o.digest))
-                    .collect()
-            }),
-            Some(Accepted::Digests(m)) => m,
-            Some(a @ Accepted::Except(..)) => by_name.get_or_insert_with(|| a.digests()),
-            None => &HashMap::new(),
-        };
         let Some(r) = pushed.get(i) else { break };
-        if old.get(&*r.name) != Some(&digest) {
-            if let Some(name) = pushed.eds_name(i, &r) {
-                names.push(name.to_string());
-            }
+        if let Some(name) = pushed.eds_name(i, &r) {
+            names.push(name.to_string());
         }
     }
     names

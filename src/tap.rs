@@ -75,6 +75,7 @@ impl Observe for Tap {
             events: self.events.clone(),
             stats: self.stats.clone(),
             limit: self.decode_limit,
+            interner: self.interner.clone(),
             grpc_status: None,
             grpc_message: None,
             pending: Vec::new(),
@@ -141,6 +142,8 @@ struct XdsStream {
     events: EventSender,
     stats: Arc<TapStats>,
     limit: u64,
+    /// Where full chunks of decoded resources are shared with every stream's.
+    interner: Arc<Interner>,
     grpc_status: Option<i32>,
     grpc_message: Option<String>,
     pending: Vec<Event>,
@@ -201,6 +204,7 @@ impl StreamObserver for XdsStream {
         }
         half.count.bytes += chunk.len() as u64;
         let limit = self.limit;
+        let interner = &self.interner;
         let mut finished: Vec<Result<Message, DecodeError>> = Vec::new();
         let Decoding {
             deframer,
@@ -212,7 +216,8 @@ impl StreamObserver for XdsStream {
         let messages_before = count.messages;
         let framed = deframer.feed(chunk, &mut |frame| match frame {
             Part::Start { compressed, len } => {
-                let d = MessageDecoder::new(kind, len, compressed, encoding.as_deref(), limit);
+                let d = MessageDecoder::new(kind, len, compressed, encoding.as_deref(), limit)
+                    .with_interner(interner.clone());
                 match d.early_error() {
                     // Counted now; the message itself is forwarded untouched as it streams.
                     Some(e) => finished.push(Err(e)),

@@ -6,6 +6,7 @@ pub mod scan;
 pub mod wire;
 
 use std::borrow::Cow;
+use std::sync::{Arc, Mutex, Weak};
 
 /// State of the World or incremental.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -133,18 +134,25 @@ struct Timed {
 }
 
 /// A response's resources packed for keeping: a 16-byte entry each, and the names and versions
-/// back to back in bytes, in chunks of [`CHUNK`] so that nothing grows past one chunk's entries
-/// (32 KiB) and text (a growing `Vec` briefly holds its old and new buffer).
+/// back to back in bytes, in chunks of [`CHUNK`] resources.
+///
+/// Chunks are what a fleet shares: each full one is swapped, as soon as it is full, for the
+/// equal chunk already alive (an [`Interner`]'s), so a thousand streams decoding the same push
+/// at once each hold the chunk they are filling and pointers to shared ones, not a copy of the
+/// push; and the whole set is then shared too ([`Interner::intern`]).
 ///
 /// Names are front- and back-coded against the name before them: a control plane's names share
 /// long heads and tails (`outbound|8080||`, `.svc.cluster.local`), so most names keep only the
-/// bytes that differ and two length bytes. Every [`RESTART`]th name of a chunk is kept whole, so
-/// [`Resources::get`] decodes at most that many names; [`Resources::iter`] decodes each once.
-/// Names alike but for a number, as a control plane's are, keep a few bytes each (unit test
+/// bytes that differ and two length bytes. Every [`RESTART`]th name of a chunk (its first
+/// among them) is kept whole, so a chunk depends on its own names only, [`Resources::get`]
+/// decodes at most that many names, and [`Resources::iter`] decodes each once. Names alike but
+/// for a number, as a control plane's are, keep a few bytes each (unit test
 /// `alike_names_take_little_text`). An empty per-resource version reads back as none.
 #[derive(Clone, Debug, Default)]
 pub struct Resources {
-    chunks: Vec<Chunk>,
+    chunks: Vec<Arc<Chunk>>,
+    /// The leading chunks swapped for their shared copy already.
+    sealed: usize,
     len: usize,
     /// The last name pushed, whole: what the next name is coded against.
     last: String,
@@ -158,8 +166,9 @@ pub struct Resources {
     needs: Vec<(u32, Needs, Box<str>)>,
 }
 
-/// Resources per chunk.
-const CHUNK: usize = 2048;
+/// Resources per chunk: what a stream decoding a push holds of its own at most (about 2 KiB of
+/// entries and the names' bytes that differ), the rest shared.
+const CHUNK: usize = 128;
 
 /// Every this many names within a chunk, one is kept whole.
 const RESTART: usize = 16;
@@ -244,10 +253,10 @@ impl Resources {
     }
 
     /// Gives the last resource pushed, a listener, what it needs.
-    pub fn mark_needs(&mut self, needs: &[(Needs, String)]) {
+    pub fn mark_needs<'a>(&mut self, needs: impl IntoIterator<Item = (Needs, &'a str)>) {
         if self.len > 0 {
             let index = (self.len - 1) as u32;
-            (self.needs).extend(needs.iter().map(|(k, n)| (index, *k, n.as_str().into())));
+            (self.needs).extend(needs.into_iter().map(|(k, n)| (index, k, n.into())));
         }
     }
 
@@ -283,9 +292,9 @@ impl Resources {
     pub fn push_parts(&mut self, name: &str, version: Option<&str>, digest: u64) {
         let j = self.len % CHUNK;
         if j == 0 {
-            self.chunks.push(Chunk::default());
+            self.chunks.push(Arc::default());
         }
-        let chunk = self.chunks.last_mut().expect("pushed above");
+        let chunk = Arc::make_mut(self.chunks.last_mut().expect("pushed above"));
         let bytes = name.as_bytes();
         if j.is_multiple_of(RESTART) {
             chunk.text.extend_from_slice(bytes);
@@ -314,7 +323,9 @@ impl Resources {
     /// Marks the last resource pushed as a cluster fed by EDS, under `service` when its
     /// `eds_cluster_config.service_name` is not its own name.
     pub fn mark_eds(&mut self, service: Option<&str>) {
-        let Some(last) = self.chunks.last_mut().and_then(|c| c.entries.last_mut()) else {
+        let Some(last) = (self.chunks.last_mut())
+            .and_then(|c| Arc::make_mut(c).entries.last_mut())
+        else {
             return;
         };
         if last.version_end & EDS_CLUSTER == 0 {
@@ -338,6 +349,36 @@ impl Resources {
             .ok()
             .map(|k| &*self.services[k].1);
         Some(service.unwrap_or(&r.name))
+    }
+
+    /// The first `k` resources, as if only they had been pushed: the full chunks among them
+    /// shared, the rest pushed again.
+    pub fn prefix(&self, k: usize) -> Resources {
+        let k = k.min(self.len);
+        let whole = k / CHUNK * CHUNK;
+        let before = |i: u32| (i as usize) < whole;
+        let mut r = Resources {
+            chunks: self.chunks[..whole / CHUNK].to_vec(),
+            sealed: whole / CHUNK,
+            len: whole,
+            last: String::new(),
+            services: (self.services.iter()).filter(|(i, _)| before(*i)).cloned().collect(),
+            eds: (0..whole)
+                .filter(|i| self.digest_at(*i).is_some_and(|(_, eds)| eds))
+                .count() as u32,
+            timed: (self.timed.iter()).filter(|t| before(t.index)).copied().collect(),
+            needs: (self.needs.iter()).filter(|(i, ..)| before(*i)).cloned().collect(),
+        };
+        for i in whole..k {
+            let Some(x) = self.get(i) else { break };
+            r.push_parts(&x.name, x.version, x.digest);
+            if let Some(service) = self.eds_name(i, &x) {
+                r.mark_eds(Some(service));
+            }
+            r.mark_timed(x.ttl_ms, x.bare);
+            r.mark_needs(self.needs_of(i));
+        }
+        r
     }
 
     /// Whether any is a cluster fed by EDS.
@@ -420,12 +461,7 @@ impl Resources {
         let mut h = xxhash_rust::xxh3::Xxh3::new();
         h.update(&(self.len as u64).to_le_bytes());
         for c in &self.chunks {
-            h.update(&c.text);
-            for e in &c.entries {
-                h.update(&e.name_end.to_le_bytes());
-                h.update(&e.version_end.to_le_bytes());
-                h.update(&e.digest.to_le_bytes());
-            }
+            h.update(&c.digest().to_le_bytes());
         }
         for (i, s) in &self.services {
             h.update(&i.to_le_bytes());
@@ -446,7 +482,7 @@ impl Resources {
 
     /// Gives back the growth slack of the last chunk once the message is complete.
     pub fn shrink_to_fit(&mut self) {
-        if let Some(c) = self.chunks.last_mut() {
+        if let Some(c) = self.chunks.last_mut().and_then(Arc::get_mut) {
             c.text.shrink_to_fit();
             c.entries.shrink_to_fit();
         }
@@ -458,6 +494,18 @@ impl Resources {
 }
 
 impl Chunk {
+    /// A digest of the chunk's entries and text.
+    fn digest(&self) -> u64 {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        h.update(&self.text);
+        for e in &self.entries {
+            h.update(&e.name_end.to_le_bytes());
+            h.update(&e.version_end.to_le_bytes());
+            h.update(&e.digest.to_le_bytes());
+        }
+        h.digest()
+    }
+
     /// Entry `j`'s bytes up to its version, as stored.
     fn name_bytes(&self, j: usize) -> &[u8] {
         let start = match j {
@@ -584,44 +632,223 @@ pub enum Message {
     Response(Response),
 }
 
-/// Resource sets held once however many streams were pushed them: a fleet's clients get the same
-/// push, so each stream's copy is replaced by the one copy still alive, found by content.
-/// Only live sets are found; the dead are swept as the map grows.
-#[derive(Default)]
-pub struct Interner {
-    sets: std::sync::Mutex<InternedSets>,
+/// A resource as the scanner decoded it from its bytes, kept to add it again, without decoding,
+/// when the very same bytes come (the same push to another stream). Names and digests only.
+#[derive(Debug)]
+pub struct Decoded {
+    /// The resource name.
+    pub name: Box<str>,
+    /// Per-resource version, when the response carries one.
+    pub version: Option<Box<str>>,
+    /// xxh3-64 of the resource's bytes.
+    pub digest: u64,
+    /// A cluster fed by EDS: its service name (empty: its own name).
+    pub eds: Option<Box<str>>,
+    /// The wrapper's `ttl`, in milliseconds.
+    pub ttl_ms: Option<u32>,
+    /// A wrapper with no resource inside.
+    pub bare: bool,
+    /// A listener's needs: RDS and SDS names.
+    pub needs: Box<[(Needs, Box<str>)]>,
 }
 
+impl Decoded {
+    /// Appends this resource to `r`, as [`Resources::push`] and the marks would.
+    pub fn add_to(&self, r: &mut Resources) {
+        r.push_parts(&self.name, self.version.as_deref(), self.digest);
+        if let Some(service) = &self.eds {
+            r.mark_eds(Some(service));
+        }
+        r.mark_timed(self.ttl_ms, self.bare);
+        r.mark_needs(self.needs.iter().map(|(k, n)| (*k, &**n)));
+    }
+}
+
+/// Resources remembered by their bytes at most; past it the memory starts again empty. A
+/// mesh's config of a few thousand resources fits many times over.
+const MAX_DECODED: usize = 32_768;
+
+/// Pushes remembered as runs at most; past it the memory starts again empty.
+const MAX_RUNS: usize = 64;
+
+/// A push's resources as one stream read them, for the next stream the same push goes to:
+/// the digests of each resource's bytes, in order, and the set they made.
+#[derive(Debug)]
+pub struct RunRecord {
+    /// 128-bit digests of the resources' bytes, in order.
+    pub keys: Box<[u128]>,
+    /// The resources they decode to.
+    pub resources: Resources,
+}
+
+/// Resource sets held once however many streams were pushed them: a fleet's clients get the same
+/// push, so each stream's copy is replaced by the one copy still alive, found by content; and,
+/// while streams decode, each full chunk of a set likewise ([`Interner::seal`]), so decoding the
+/// same push on many streams at once holds it about once. Only live sets and chunks are found;
+/// the dead are swept as the maps grow.
 #[derive(Default)]
-struct InternedSets {
-    by_digest: std::collections::HashMap<u64, std::sync::Weak<Resources>>,
+pub struct Interner {
+    sets: Mutex<Interned<Resources>>,
+    chunks: Mutex<Interned<Chunk>>,
+    /// Resources decoded, by a 128-bit digest of their bytes (and of the message kind).
+    decoded: Mutex<std::collections::HashMap<u128, Arc<Decoded>, Prehashed>>,
+    /// Pushes read whole, by their first resource's digest.
+    runs: Mutex<std::collections::HashMap<u128, Arc<RunRecord>, Prehashed>>,
+    /// Pushes being recorded, by their first resource's digest: claimed while the stream
+    /// recording holds the token.
+    recording: Mutex<std::collections::HashMap<u128, Weak<()>, Prehashed>>,
+}
+
+/// The keys of [`Interner::decoded`] are digests already: their low bits are the hash.
+#[derive(Clone, Copy, Default)]
+struct Prehashed;
+
+impl std::hash::BuildHasher for Prehashed {
+    type Hasher = Digest;
+    fn build_hasher(&self) -> Digest {
+        Digest(0)
+    }
+}
+
+/// A hasher that keeps the last `u128` written, truncated.
+#[derive(Default)]
+struct Digest(u64);
+
+impl std::hash::Hasher for Digest {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u128 keys are hashed here; other input is folded in all the same.
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u128(&mut self, v: u128) {
+        self.0 = v as u64;
+    }
+}
+
+struct Interned<T> {
+    by_digest: std::collections::HashMap<u64, Weak<T>>,
     /// Sweep the dead when the map reaches this size.
     sweep_at: usize,
 }
 
-impl Interner {
-    /// The one live copy of `resources`, or `resources` itself, now shared. Empty sets are not
-    /// kept: there is nothing to share.
-    pub fn intern(&self, resources: Resources) -> std::sync::Arc<Resources> {
-        if resources.is_empty() {
-            return std::sync::Arc::new(resources);
+impl<T> Default for Interned<T> {
+    fn default() -> Self {
+        Interned {
+            by_digest: std::collections::HashMap::new(),
+            sweep_at: 0,
         }
-        let digest = resources.content_digest();
-        let lock = || self.sets.lock().unwrap_or_else(|p| p.into_inner());
-        // Compared outside the lock: one stream's large set never holds up another's.
-        let live = lock().by_digest.get(&digest).and_then(|w| w.upgrade());
-        if let Some(live) = live.filter(|l| l.same_as(&resources)) {
+    }
+}
+
+impl<T: PartialEq> Interned<T> {
+    /// The live copy of `item` in `map`, or `item` now in it. Compared outside the lock: one
+    /// stream's large set never holds up another's.
+    fn get_or_insert(map: &Mutex<Self>, digest: u64, item: Arc<T>) -> Arc<T> {
+        let lock = || map.lock().unwrap_or_else(|p| p.into_inner());
+        let live = lock().by_digest.get(&digest).and_then(Weak::upgrade);
+        if let Some(live) = live.filter(|l| **l == *item) {
             return live;
         }
-        let shared = std::sync::Arc::new(resources);
-        let mut sets = lock();
-        if sets.by_digest.len() >= sets.sweep_at {
-            sets.by_digest.retain(|_, w| w.strong_count() > 0);
-            sets.sweep_at = (sets.by_digest.len() * 2).max(64);
+        let mut m = lock();
+        if m.by_digest.len() >= m.sweep_at {
+            m.by_digest.retain(|_, w| w.strong_count() > 0);
+            m.sweep_at = (m.by_digest.len() * 2).max(64);
         }
-        sets.by_digest
-            .insert(digest, std::sync::Arc::downgrade(&shared));
-        shared
+        m.by_digest.insert(digest, Arc::downgrade(&item));
+        item
+    }
+}
+
+impl Interner {
+    /// The one live copy of `resources`, or `resources` itself, now shared (its chunks too).
+    /// Empty sets are not kept: there is nothing to share.
+    pub fn intern(&self, mut resources: Resources) -> Arc<Resources> {
+        if resources.is_empty() {
+            return Arc::new(resources);
+        }
+        self.seal_from(&mut resources, true);
+        let digest = resources.content_digest();
+        Interned::get_or_insert(&self.sets, digest, Arc::new(resources))
+    }
+
+    /// Swaps each full chunk of a set being decoded for the live copy of an equal chunk; call
+    /// it as resources are pushed. Costs a digest of each chunk once.
+    pub fn seal(&self, resources: &mut Resources) {
+        self.seal_from(resources, false);
+    }
+
+    fn seal_from(&self, r: &mut Resources, last_too: bool) {
+        while r.sealed < r.chunks.len() {
+            let i = r.sealed;
+            if r.chunks[i].entries.len() < CHUNK && !last_too {
+                return;
+            }
+            let digest = r.chunks[i].digest();
+            r.chunks[i] = Interned::get_or_insert(&self.chunks, digest, r.chunks[i].clone());
+            r.sealed += 1;
+        }
+    }
+
+    /// The resource whose bytes have digest `key`, when decoded before.
+    pub fn decoded(&self, key: u128) -> Option<Arc<Decoded>> {
+        let decoded = self.decoded.lock().unwrap_or_else(|p| p.into_inner());
+        decoded.get(&key).cloned()
+    }
+
+    /// The right to record the push whose first resource has digest `first`, unless another
+    /// stream holds it: one stream records a push while the fleet gets it at once.
+    pub fn claim(&self, first: u128) -> Option<Arc<()>> {
+        let mut recording = self.recording.lock().unwrap_or_else(|p| p.into_inner());
+        if recording.get(&first).is_some_and(|w| w.strong_count() > 0) {
+            return None;
+        }
+        if recording.len() >= MAX_RUNS {
+            recording.retain(|_, w| w.strong_count() > 0);
+        }
+        let token = Arc::new(());
+        recording.insert(first, Arc::downgrade(&token));
+        Some(token)
+    }
+
+    /// The push recorded whose first resource has digest `first`.
+    pub fn run_from(&self, first: u128) -> Option<Arc<RunRecord>> {
+        let runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+        runs.get(&first).cloned()
+    }
+
+    /// Records the push a stream read whole, `resources` (its chunks sealed now, so that the
+    /// record and the stream share them) of resources with digests `keys`, unless the same is
+    /// recorded already.
+    pub fn offer_run(&self, keys: Vec<u128>, resources: &mut Resources) {
+        let Some(&first) = keys.first() else {
+            return;
+        };
+        if self.run_from(first).is_some_and(|r| *r.keys == *keys) {
+            return;
+        }
+        self.seal_from(resources, true);
+        let record = Arc::new(RunRecord {
+            keys: keys.into_boxed_slice(),
+            resources: resources.clone(),
+        });
+        let mut runs = self.runs.lock().unwrap_or_else(|p| p.into_inner());
+        if runs.len() >= MAX_RUNS {
+            *runs = std::collections::HashMap::default();
+        }
+        runs.insert(first, record);
+    }
+
+    /// Remembers the resource whose bytes have digest `key`.
+    pub fn remember(&self, key: u128, resource: Decoded) {
+        let mut decoded = self.decoded.lock().unwrap_or_else(|p| p.into_inner());
+        if decoded.len() >= MAX_DECODED {
+            *decoded = std::collections::HashMap::default();
+        }
+        decoded.insert(key, Arc::new(resource));
     }
 
     /// Sets in the map, live or not yet swept.
@@ -998,5 +1225,37 @@ mod tests {
         let whole: usize = r.iter().map(|x| x.name.len()).sum();
         assert!(whole > 2_300_000, "{whole}");
         assert!(text * 6 < whole, "coded {text} of {whole} bytes");
+    }
+
+    /// Streams decoding the same push at once share each chunk as soon as it is full: what a
+    /// stream holds of its own is the chunk it fills, whatever the size of the push; the sets
+    /// once whole are one copy, read back as pushed.
+    #[test]
+    fn streams_decoding_the_same_push_share_its_chunks_as_they_fill() {
+        let interner = Interner::default();
+        let resource = |i: usize| ResourceRef {
+            name: format!("outbound|8080||svc-{i}.ns.svc.cluster.local"),
+            digest: i as u64,
+            ..Default::default()
+        };
+        let (mut a, mut b) = (Resources::default(), Resources::default());
+        for i in 0..CHUNK * 3 + 5 {
+            for r in [&mut a, &mut b] {
+                r.push(resource(i));
+                interner.seal(r);
+            }
+            let full = (i + 1) / CHUNK;
+            assert_eq!((a.sealed, b.sealed), (full, full));
+            for k in 0..full {
+                assert!(Arc::ptr_eq(&a.chunks[k], &b.chunks[k]), "chunk {k} shared");
+            }
+        }
+        assert!(!Arc::ptr_eq(&a.chunks[3], &b.chunks[3]), "the one being filled is its own");
+        let (a, b) = (interner.intern(a), interner.intern(b));
+        assert!(Arc::ptr_eq(&a, &b));
+        let names: Vec<String> = a.iter().map(|r| r.name.into_owned()).collect();
+        let pushed: Vec<String> = (0..CHUNK * 3 + 5).map(|i| resource(i).name).collect();
+        assert_eq!(names, pushed);
+        assert_eq!(a.get(CHUNK + 7).unwrap().name, resource(CHUNK + 7).name);
     }
 }

@@ -2,8 +2,9 @@
 //! pushed 100 versions (1% of the answers NACKs, 1% never answered) stay within a stated bound,
 //! with the default 10 versions kept per type and with all 100 kept. The correlators and the
 //! status board: 500 streams each pushed the same 2,000-cluster CDS and then a push every one
-//! of them NACKs in part hold a few KiB per node, the push once for all. Its own test binary, so
-//! that the allocator counts nothing else; the measurements take turns.
+//! of them NACKs in part hold a few KiB per node, the push once for all. Nodes that have gone:
+//! 10,000 hold at most 2 KiB each. Its own test binary, so that the allocator counts nothing
+//! else; the measurements take turns.
 
 #![allow(unsafe_code)] // a counting global allocator
 
@@ -240,4 +241,67 @@ fn a_fleet_nacking_the_same_push_in_part_holds_it_once() {
     assert!((one.iter()).all(|r| (r.name == "bad") == r.version.is_empty()));
     assert!(per_node < 16 << 10, "{per_node} B per node");
     drop((streams, board));
+}
+
+/// Nodes that have gone cost little: 10,000 streams, each a node of its own, each pushed the
+/// same 100-cluster CDS, answering it, and ending, as the tap with its admin address on keeps
+/// them (status board, rollout view, the correlators' ledger): at most 2 KiB per node, 20 MB
+/// for the 10,000.
+#[test]
+fn ten_thousand_disconnected_nodes_hold_little() {
+    const GONE: usize = 10_000;
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    let interner = Arc::new(Interner::default());
+    let ledger = Arc::new(xdstap::correlate::Ledger::default());
+    let board = StatusBoard::new(StatusSettings::default());
+    let view = Rollouts::new(RolloutSettings::default());
+    let push = cds("1", "n1", 100, false);
+    let base = LIVE.load(Ordering::Relaxed);
+    let mut events = Vec::new();
+    for i in 0..GONE {
+        let context = StreamContext {
+            stream_id: i as u64,
+            api: Some(Api::Sotw),
+            service: "envoy.service.discovery.v3.AggregatedDiscoveryService".into(),
+            method: "StreamAggregatedResources".into(),
+            downstream: format!("10.0.{}.{}:{}", i / 256, i % 256, 40000 + i % 1000),
+            upstream: "istiod.istio-system.svc:15010".into(),
+        };
+        let mut c = Correlator::new(Api::Sotw, context)
+            .with_interner(interner.clone())
+            .with_ledger(ledger.clone());
+        let request = |version: &str, nonce: &str| Request {
+            node: nonce.is_empty().then(|| Node {
+                id: format!(
+                    "sidecar~10.0.{}.{}~reviews-{i:05}.default~default.svc.cluster.local",
+                    i / 256,
+                    i % 256
+                ),
+                cluster: "reviews.default".into(),
+                user_agent: "envoy 1.40.0".into(),
+            }),
+            type_url: CLUSTER.into(),
+            version_info: version.into(),
+            response_nonce: nonce.into(),
+            ..Default::default()
+        };
+        c.on_request(request("", ""), 1, &mut events);
+        c.on_response(push.clone(), 2, &mut events);
+        c.on_request(request("1", "n1"), 3, &mut events);
+        c.on_stream_end(Some(14), "gone", 4, &mut events);
+        for e in events.drain(..) {
+            board.apply(&e);
+            xdstap::sinks::Sink::on_event(&mut view.clone(), &e);
+        }
+    }
+    let held = LIVE.load(Ordering::Relaxed) - base;
+    let per_node = held / GONE;
+    println!(
+        "{GONE} disconnected nodes: board, rollout view and ledger hold {:.1} MiB, {per_node} B \
+         per node",
+        held as f64 / MIB
+    );
+    assert_eq!(board.report(5, None).nodes.len(), GONE);
+    assert!(per_node <= 2048, "{per_node} B per node");
+    drop((board, view, ledger));
 }

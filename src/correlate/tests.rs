@@ -744,7 +744,7 @@ fn a_reconnecting_client_runs_what_its_last_stream_ended_on() {
     let ledger = Arc::new(Ledger::default());
     let v7 = [("a", 1, Some("")), ("b", 2, Some("")), ("s", 3, None)];
     ran(&ledger, "n", "v7", &v7);
-    assert_eq!(ledger.nodes(), 1);
+    assert_eq!(ledger.entries(), 1);
     let mut c = correlator(Api::Sotw).with_ledger(ledger.clone());
     let e = step(&mut c, |c, o| c.on_request(as_node("n", req(CDS, "v7", "", &[])), 1, o));
     assert!(matches!(&e[..], [Event::Resubscribe { version, .. }] if version == "v7"));
@@ -781,18 +781,20 @@ fn a_reconnecting_client_runs_what_its_last_stream_ended_on() {
     }
 }
 
-/// The ledger keeps at most its bound of nodes, the ones recorded longest ago going first.
+/// The ledger keeps at most its bound of entries, the ones recorded longest ago going first.
 #[test]
 fn the_ledger_is_bounded() {
     let ledger = Ledger::default();
     let set = Accepted::Push(Arc::new(Resources::default()));
-    for i in 0..ledger::MAX_NODES + 10 {
+    for i in 0..ledger::MAX_ENTRIES + 10 {
         ledger.record(&format!("node-{i}"), CDS, "v1", set.clone());
     }
-    assert!(ledger.nodes() <= ledger::MAX_NODES, "{}", ledger.nodes());
+    assert!(ledger.entries() <= ledger::MAX_ENTRIES, "{}", ledger.entries());
     assert!(ledger.recall("node-0", CDS, "v1").is_none(), "the oldest went");
-    let last = format!("node-{}", ledger::MAX_NODES + 9);
+    let last = format!("node-{}", ledger::MAX_ENTRIES + 9);
     assert!(ledger.recall(&last, CDS, "v1").is_some());
+    assert!(ledger.recall(&last, CDS, "v2").is_none(), "another version");
+    assert!(ledger.recall(&last, EDS, "v1").is_none(), "another type");
 }
 
 #[test]

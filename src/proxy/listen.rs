@@ -191,7 +191,7 @@ impl Listener {
     /// file at that path is an error, and is left as it is.
     pub async fn bind(endpoint: &Endpoint) -> io::Result<Self> {
         let socket = match endpoint {
-            Endpoint::Tcp(addr) => Socket::Tcp(TcpListener::bind(addr.as_str()).await?),
+            Endpoint::Tcp(addr) => Socket::Tcp(bind_tcp(addr).await?),
             Endpoint::Unix(path) => {
                 remove_stale_socket(path)?;
                 let listener = UnixListener::bind(path)?;
@@ -255,6 +255,33 @@ impl Drop for Listener {
             }
         }
     }
+}
+
+/// Connections the kernel holds for the tap before it accepts them (capped by
+/// `net.core.somaxconn`): when a control plane restarts, every proxy reconnects at once, and
+/// a SYN that finds the queue full is dropped and sent again only a second later.
+const BACKLOG: u32 = 4096;
+
+/// Binds `addr` (resolved; the first address that binds) and listens with [`BACKLOG`].
+async fn bind_tcp(addr: &str) -> io::Result<TcpListener> {
+    let mut last = None;
+    for a in tokio::net::lookup_host(addr).await? {
+        let socket = match a {
+            std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+            std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+        };
+        socket.set_reuseaddr(true)?;
+        match socket.bind(a).and_then(|()| socket.listen(BACKLOG)) {
+            Ok(listener) => return Ok(listener),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{addr} resolves to no address"),
+        )
+    }))
 }
 
 fn file_id(path: &Path) -> io::Result<(u64, u64)> {

@@ -3,7 +3,9 @@
 //! flow control stay the peers' own). Both directions run in one task; each reads a chunk,
 //! shows its frames to the streams' observers, writes that very chunk on, and reads again only
 //! once it is written, so a slow reader stops the tap reading from the writer and the tap
-//! holds at most one chunk per direction.
+//! holds at most one chunk per direction. While data keeps coming a direction reads in place
+//! into a buffer of its own; while idle it holds none, and what comes (an ACK, a small push)
+//! is read into the stack and copied out.
 //!
 //! ```text
 //!  client ──bytes──> [read chunk ─> FrameReader ─> observers] ──same bytes──> upstream
@@ -35,7 +37,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::AsyncWrite;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 
 use super::listen::Io;
@@ -44,7 +46,8 @@ use super::{Direction, ProxyStats, Side};
 
 /// A direction's buffer while data keeps coming: the most one read takes.
 pub const READ_CHUNK: usize = 256 << 10;
-/// A direction's buffer while idle: a read that fills it brings the large one back.
+/// The most a read takes while idle (into the stack; no buffer is held): a read that fills it
+/// says data keeps coming, and brings the large buffer.
 const IDLE_CHUNK: usize = 8 << 10;
 
 /// How long a closing relay waits for both peers to close after the tap's own FIN.
@@ -169,32 +172,18 @@ impl Half {
                     continue;
                 }
             }
-            if self.buf.capacity() == self.buf.len() {
-                // Reclaims the buffer's space once the chunks written from it are dropped.
-                self.buf
-                    .reserve(if self.hot { READ_CHUNK } else { IDLE_CHUNK });
-            }
-            let room = self.buf.capacity() - self.buf.len();
-            let n = match tokio_util::io::poll_read_buf(Pin::new(&mut *src), cx, &mut self.buf) {
-                Poll::Pending => {
-                    // Idle: give the large buffer back, keep a small one to read into.
-                    self.hot = false;
-                    if self.buf.is_empty() && self.buf.capacity() > IDLE_CHUNK {
-                        self.buf = BytesMut::with_capacity(IDLE_CHUNK);
-                    }
-                    return Poll::Pending;
-                }
-                Poll::Ready(r) => r.map_err(|e| (from, e))?,
+            let chunk = match self.hot {
+                true => ready!(self.poll_read_hot(cx, src)),
+                false => ready!(poll_read_idle(cx, src)),
             };
-            if n == 0 {
+            let chunk = chunk.map_err(|e| (from, e))?;
+            if chunk.is_empty() {
                 self.eof = true;
                 continue;
             }
-            let chunk = self.buf.split().freeze();
-            // A read that fills the buffer says more is waiting: the large buffer, fresh.
-            if n == room && !self.hot {
+            // A read that fills the buffer says more is waiting: read in place from now on.
+            if chunk.len() == IDLE_CHUNK && !self.hot {
                 self.hot = true;
-                self.buf = BytesMut::with_capacity(READ_CHUNK);
             }
             observation.pass(self.direction, chunk, &mut self.out);
             let held = self.held() as u64;
@@ -204,24 +193,45 @@ impl Half {
 }
 
 impl Half {
+    /// While data keeps coming: reads into the large buffer, and hands the bytes read out of it
+    /// as they are (nothing copied). Once a read finds nothing, the buffer goes (reclaimed when
+    /// the chunks taken from it are written) and the half is idle.
+    fn poll_read_hot(&mut self, cx: &mut Context<'_>, src: &mut Io) -> Poll<io::Result<Bytes>> {
+        if self.buf.capacity() == self.buf.len() {
+            // Reclaims the buffer's space once the chunks written from it are dropped.
+            self.buf.reserve(READ_CHUNK);
+        }
+        match tokio_util::io::poll_read_buf(Pin::new(&mut *src), cx, &mut self.buf) {
+            Poll::Pending => {
+                self.hot = false;
+                self.buf = BytesMut::new();
+                Poll::Pending
+            }
+            Poll::Ready(r) => Poll::Ready(r.map(|_| self.buf.split().freeze())),
+        }
+    }
+
     /// Reads what the source sends and drops it, until it closes: `Ready(Ok)` at its FIN.
     fn poll_discard(&mut self, cx: &mut Context<'_>, src: &mut Io) -> Poll<io::Result<()>> {
+        let mut stack = [0u8; IDLE_CHUNK];
         loop {
-            self.buf.clear();
-            if self.buf.capacity() == 0 {
-                self.buf.reserve(IDLE_CHUNK);
-            }
-            if ready!(tokio_util::io::poll_read_buf(
-                Pin::new(&mut *src),
-                cx,
-                &mut self.buf
-            ))? == 0
-            {
+            let mut read = tokio::io::ReadBuf::new(&mut stack);
+            ready!(Pin::new(&mut *src).poll_read(cx, &mut read))?;
+            if read.filled().is_empty() {
                 self.eof = true;
                 return Poll::Ready(Ok(()));
             }
         }
     }
+}
+
+/// While idle: reads into the stack, so an idle connection holds no buffer (a thousand idle
+/// proxies, a thousand buffers fewer); the few bytes that come (an ACK) are copied out.
+fn poll_read_idle(cx: &mut Context<'_>, src: &mut Io) -> Poll<io::Result<Bytes>> {
+    let mut stack = [0u8; IDLE_CHUNK];
+    let mut read = tokio::io::ReadBuf::new(&mut stack);
+    ready!(Pin::new(&mut *src).poll_read(cx, &mut read))?;
+    Poll::Ready(Ok(Bytes::copy_from_slice(read.filled())))
 }
 
 /// Relays `client` and `upstream` until both sides have closed (or one fails), observing in

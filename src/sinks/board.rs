@@ -47,14 +47,16 @@ struct TypeEntry {
     last_push_at: Option<Timestamp>,
     pending: Option<(String, Timestamp)>,
     latency_ns: Option<u64>,
-    pushes: u64,
-    acks: u64,
-    nacks: u64,
-    superseded: u64,
-    unanswered: u64,
-    nonce_reuses: u64,
-    rejected_resends: u64,
-    nack: Option<(Nack, Timestamp)>,
+    // Counts per node and type: a u32 each (saturating), which a push a second fills in 136
+    // years.
+    pushes: u32,
+    acks: u32,
+    nacks: u32,
+    superseded: u32,
+    unanswered: u32,
+    nonce_reuses: u32,
+    rejected_resends: u32,
+    nack: Option<Box<(Nack, Timestamp)>>,
     /// When the client first asked for the type (none: it never did, pushes came unasked).
     subscribed_at: Option<Timestamp>,
     /// The client, reconnecting, stated what it runs of the type (a SotW version, Delta
@@ -63,17 +65,26 @@ struct TypeEntry {
     /// When the type became SYNCED: the ACK after a NACK, or the first.
     acked_at: Option<Timestamp>,
     /// The open CDS push that waits for EDS, and the EDS names it waits for.
-    warming: Option<(String, Vec<String>)>,
+    warming: Option<Box<(String, Vec<String>)>>,
     /// The type's last message either way.
     last_message: Timestamp,
     /// What the node accepted, per resource (for CSDS).
     held: Option<Held>,
     /// The last push not accepted: pending, or NACKed.
-    unsettled: Option<Unsettled>,
+    unsettled: Option<Box<Unsettled>>,
     /// The names the client asks for, while they are few (for CSDS's NOT_SENT).
     requested: resources::Requested,
     /// SotW or Delta, as the type's last stream speaks.
     api: Option<Api>,
+    /// What few types of few nodes have; boxed, so that the rest pay a pointer.
+    rare: Option<Box<Rare>>,
+    /// Heartbeats answered: pushes of bare wrappers only, no new content.
+    heartbeats: u32,
+}
+
+/// What few types of few nodes have.
+#[derive(Default)]
+struct Rare {
     /// The control plane's `resource_errors`, each until the resource arrives.
     cp_errors: CpErrors,
     /// The TTL clocks of what the node runs (resources pushed with a TTL).
@@ -82,11 +93,17 @@ struct TypeEntry {
     absent: Vec<String>,
     /// LDS: what each listener needs (RDS, SDS names).
     needs: ListenerNeeds,
-    /// Heartbeats answered: pushes of bare wrappers only, no new content.
-    heartbeats: u64,
 }
 
 impl TypeEntry {
+    /// What few types have: the box there is, or a new one when `needed`.
+    fn rare_if(&mut self, needed: bool) -> Option<&mut Rare> {
+        if needed && self.rare.is_none() {
+            self.rare = Some(Box::default());
+        }
+        self.rare.as_deref_mut()
+    }
+
     /// Applies one event of this type.
     fn apply(&mut self, event: &Event, now: Timestamp) {
         let context = event.context();
@@ -111,11 +128,13 @@ impl TypeEntry {
             // A heartbeat is no push: it changes no content, and only its answer counts.
             Event::Push { push, .. } if push.heartbeat() => {}
             Event::Push { push, .. } => {
-                self.unsettled = Some(Unsettled::new(push.clone()));
-                self.pushes += 1;
-                self.cp_errors.on_push(push);
+                self.unsettled = Some(Box::new(Unsettled::new(push.clone())));
+                self.pushes = self.pushes.saturating_add(1);
+                if let Some(rare) = self.rare_if(!push.resource_errors.is_empty()) {
+                    rare.cp_errors.on_push(push);
+                }
                 if push.resent_rejected > 0 {
-                    self.rejected_resends += 1;
+                    self.rejected_resends = self.rejected_resends.saturating_add(1);
                 }
                 self.version_sent = Some(push.version.clone());
                 self.nonce = Some(push.nonce.clone());
@@ -135,13 +154,13 @@ impl TypeEntry {
                 *decided_at,
                 client_version.as_deref(),
             ),
-            Event::NonceReused { .. } => self.nonce_reuses += 1,
+            Event::NonceReused { .. } => self.nonce_reuses = self.nonce_reuses.saturating_add(1),
             Event::Warming {
                 nonce, clusters, ..
             } => {
                 self.warming = (!clusters.is_empty()).then(|| {
                     let shown = clusters.iter().take(NAMES_CAP).cloned().collect();
-                    (nonce.clone(), shown)
+                    Box::new((nonce.clone(), shown))
                 });
             }
             _ => {}
@@ -160,7 +179,7 @@ impl TypeEntry {
     ) {
         if push.heartbeat() {
             if *verdict == Verdict::Ack {
-                self.heartbeats += 1;
+                self.heartbeats = self.heartbeats.saturating_add(1);
                 resources::on_verdict(self, api, push, verdict, decided_at);
             }
             return;
@@ -169,12 +188,12 @@ impl TypeEntry {
             self.pending = None;
         }
         resources::on_verdict(self, api, push, verdict, decided_at);
-        if self.warming.as_ref().is_some_and(|(n, _)| *n == push.nonce) {
+        if self.warming.as_deref().is_some_and(|(n, _)| *n == push.nonce) {
             self.warming = None;
         }
         match verdict {
             Verdict::Ack => {
-                self.acks += 1;
+                self.acks = self.acks.saturating_add(1);
                 if self.nack.is_some() || self.acked_at.is_none() {
                     self.acked_at = Some(decided_at);
                 }
@@ -191,12 +210,12 @@ impl TypeEntry {
                 applied,
                 ..
             } => {
-                self.nacks += 1;
+                self.nacks = self.nacks.saturating_add(1);
                 self.latency_ns = Some(decided_at.saturating_sub(push.at));
                 if let Some(kept) = client_version {
                     self.version_accepted = (!kept.is_empty()).then(|| kept.to_string());
                 }
-                let since = self.nack.as_ref().map_or(decided_at, |(_, s)| *s);
+                let since = self.nack.as_deref().map_or(decided_at, |(_, s)| *s);
                 let info = Nack {
                     code: error.code,
                     message: error.message.clone(),
@@ -209,28 +228,90 @@ impl TypeEntry {
                         .collect(),
                     applied: applied.iter().take(NAMES_CAP).cloned().collect(),
                 };
-                self.nack = Some((info, since));
+                self.nack = Some(Box::new((info, since)));
             }
-            Verdict::Superseded { .. } => self.superseded += 1,
-            Verdict::Unanswered { .. } => self.unanswered += 1,
+            Verdict::Superseded { .. } => self.superseded = self.superseded.saturating_add(1),
+            Verdict::Unanswered { .. } => self.unanswered = self.unanswered.saturating_add(1),
         }
     }
 }
 
 struct NodeEntry {
-    cluster: String,
-    user_agent: String,
+    /// Shared with every node that names the same (few distinct in a mesh).
+    cluster: Arc<str>,
+    user_agent: Arc<str>,
+    /// Its open streams (one for ADS; one a type on per-type streams).
     streams: HashSet<u64>,
     last_seen: Timestamp,
     disconnected_at: Option<Timestamp>,
-    types: BTreeMap<String, TypeEntry>,
+    types: Types,
+}
+
+/// A node's types by URL, in URL order: a node has a few, so a vector of exactly them (a map
+/// would hold room for eleven entries of several hundred bytes each, per node).
+#[derive(Default)]
+struct Types(Vec<(Arc<str>, TypeEntry)>);
+
+impl Types {
+    /// The entry of `url`.
+    fn get(&self, url: &str) -> Option<&TypeEntry> {
+        let i = self.0.binary_search_by(|(u, _)| (**u).cmp(url)).ok()?;
+        Some(&self.0[i].1)
+    }
+
+    /// The entry of `url`, made when there is none (its URL from `names`).
+    fn entry(&mut self, url: &str, names: &mut Names) -> &mut TypeEntry {
+        let i = match self.0.binary_search_by(|(u, _)| (**u).cmp(url)) {
+            Ok(i) => i,
+            Err(i) => {
+                self.0.reserve_exact(1);
+                self.0.insert(i, (names.share(url), TypeEntry::default()));
+                i
+            }
+        };
+        &mut self.0[i].1
+    }
+
+    /// Every type, in URL order.
+    fn iter(&self) -> impl Iterator<Item = (&str, &TypeEntry)> {
+        self.0.iter().map(|(u, t)| (&**u, t))
+    }
+
+    fn values(&self) -> impl Iterator<Item = &TypeEntry> {
+        self.0.iter().map(|(_, t)| t)
+    }
+}
+
+/// Strings many nodes name alike (type URLs, clusters, user agents), held once; swept of those
+/// no node names any more as the set grows.
+#[derive(Default)]
+struct Names {
+    set: HashSet<Arc<str>>,
+    sweep_at: usize,
+}
+
+impl Names {
+    fn share(&mut self, s: &str) -> Arc<str> {
+        if let Some(shared) = self.set.get(s) {
+            return shared.clone();
+        }
+        if self.set.len() >= self.sweep_at {
+            self.set.retain(|n| Arc::strong_count(n) > 1);
+            self.sweep_at = (self.set.len() * 2).max(64);
+        }
+        let shared: Arc<str> = s.into();
+        self.set.insert(shared.clone());
+        shared
+    }
 }
 
 #[derive(Default)]
 struct Board {
-    nodes: HashMap<String, NodeEntry>,
+    /// Boxed: a map's room for entries it does not hold yet costs the entry's size each.
+    nodes: HashMap<Arc<str>, Box<NodeEntry>>,
     /// stream id -> node key, for stream ends.
-    streams: HashMap<u64, String>,
+    streams: HashMap<u64, Arc<str>>,
+    names: Names,
     evicted: u64,
     /// New nodes not tracked: the board was full of connected nodes.
     untracked: u64,
@@ -273,13 +354,16 @@ impl StatusBoard {
         let context = event.context();
         let now = context.time;
         let stream = context.stream.stream_id;
-        let key: std::borrow::Cow<'_, str> = match event {
+        let key: Arc<str> = match event {
             // A stream that never said who it is leaves no trace.
             Event::StreamEnd { .. } => match board.streams.remove(&stream) {
-                Some(k) => k.into(),
+                Some(k) => k,
                 None => return,
             },
-            _ => event.node_id(),
+            _ => match board.nodes.get_key_value(&*event.node_id()) {
+                Some((k, _)) => k.clone(),
+                None => event.node_id().into(),
+            },
         };
         self.forget_old(&mut board, now);
         if !board.nodes.contains_key(&*key) {
@@ -290,43 +374,43 @@ impl StatusBoard {
                 return;
             }
             board.nodes.insert(
-                key.to_string(),
-                NodeEntry {
-                    cluster: String::new(),
-                    user_agent: String::new(),
+                key.clone(),
+                Box::new(NodeEntry {
+                    cluster: "".into(),
+                    user_agent: "".into(),
                     streams: HashSet::new(),
                     last_seen: now,
                     disconnected_at: None,
-                    types: BTreeMap::new(),
-                },
+                    types: Types::default(),
+                }),
             );
         }
         if !matches!(event, Event::StreamEnd { .. }) && !board.streams.contains_key(&stream) {
-            board.streams.insert(stream, key.to_string());
+            board.streams.insert(stream, key.clone());
         }
-        let node = board.nodes.get_mut(&*key).expect("inserted above");
+        let Board { nodes, names, .. } = &mut *board;
+        let node = nodes.get_mut(&*key).expect("inserted above");
         node.last_seen = now;
         if let Some(n) = &context.node {
-            if node.cluster != n.cluster {
-                node.cluster = n.cluster.clone();
+            if *node.cluster != *n.cluster {
+                node.cluster = names.share(&n.cluster);
             }
-            if node.user_agent != n.user_agent {
-                node.user_agent = n.user_agent.clone();
+            if *node.user_agent != *n.user_agent {
+                node.user_agent = names.share(&n.user_agent);
             }
         }
         if let Event::StreamEnd { .. } = event {
             node.streams.remove(&stream);
             if node.streams.is_empty() {
+                // A node gone keeps no room for streams.
+                node.streams = HashSet::new();
                 node.disconnected_at = Some(now);
             }
             return;
         }
         node.streams.insert(stream);
         node.disconnected_at = None;
-        if !node.types.contains_key(&context.type_url) {
-            node.types.insert(context.type_url.clone(), TypeEntry::default());
-        }
-        let t = node.types.get_mut(&context.type_url).expect("inserted above");
+        let t = node.types.entry(&context.type_url, names);
         t.apply(event, now);
     }
 
@@ -388,7 +472,7 @@ impl StatusBoard {
         let mut nodes: Vec<NodeStatus> = board
             .nodes
             .iter()
-            .filter(|(id, _)| only.is_none_or(|o| o == id.as_str()))
+            .filter(|(id, _)| only.is_none_or(|o| *o == ***id))
             .filter(|(_, n)| {
                 n.disconnected_at
                     .is_none_or(|d| now.saturating_sub(d) < forget)
@@ -402,9 +486,9 @@ impl StatusBoard {
                 types.sort_by(|a, b| a.r#type.cmp(&b.r#type));
                 let state = SyncState::worst(types.iter().map(|t| t.state()));
                 NodeStatus {
-                    id: id.clone(),
-                    cluster: n.cluster.clone(),
-                    user_agent: n.user_agent.clone(),
+                    id: id.to_string(),
+                    cluster: n.cluster.to_string(),
+                    user_agent: n.user_agent.to_string(),
                     state: state as i32,
                     connected: !n.streams.is_empty(),
                     streams: n.streams.len() as u32,
@@ -453,7 +537,7 @@ fn type_state(t: &TypeEntry, now: Timestamp, stale: u64) -> (SyncState, Option<T
         (SyncState::Stale, pending_at.map(|at| at + stale))
     } else if let Some(at) = unanswered {
         (SyncState::Stale, Some(at + stale))
-    } else if let Some((_, since)) = &t.nack {
+    } else if let Some((_, since)) = t.nack.as_deref() {
         (SyncState::Nacked, Some(*since))
     } else if t.version_accepted.is_some() || t.stated {
         (SyncState::Synced, t.acked_at.or(t.subscribed_at))
@@ -476,15 +560,15 @@ fn type_status(url: &str, t: &TypeEntry, now: Timestamp, stale: u64) -> TypeStat
         last_push_at: t.last_push_at.map(rfc3339),
         pending_since: t.pending.as_ref().map(|(_, at)| rfc3339(*at)),
         latency_ms: t.latency_ns.map(|n| n as f64 / 1e6),
-        pushes: t.pushes,
-        acks: t.acks,
-        nacks: t.nacks,
-        superseded: t.superseded,
-        unanswered: t.unanswered,
-        nonce_reuses: t.nonce_reuses,
-        rejected_resends: t.rejected_resends,
-        heartbeats: t.heartbeats,
-        resource_errors: (t.cp_errors.0.iter().take(NAMES_CAP))
+        pushes: t.pushes.into(),
+        acks: t.acks.into(),
+        nacks: t.nacks.into(),
+        superseded: t.superseded.into(),
+        unanswered: t.unanswered.into(),
+        nonce_reuses: t.nonce_reuses.into(),
+        rejected_resends: t.rejected_resends.into(),
+        heartbeats: t.heartbeats.into(),
+        resource_errors: (t.rare.iter().flat_map(|r| &r.cp_errors.0).take(NAMES_CAP))
             .map(|(name, code, message, at)| ResourceError {
                 name: name.clone(),
                 code: *code,
@@ -492,14 +576,14 @@ fn type_status(url: &str, t: &TypeEntry, now: Timestamp, stale: u64) -> TypeStat
                 since: rfc3339(*at),
             })
             .collect(),
-        nack: t.nack.as_ref().map(|(n, _)| n.clone()),
+        nack: t.nack.as_deref().map(|(n, _)| n.clone()),
         subscribed: t.subscribed_at.is_some(),
         state_since: since.map(rfc3339),
         state_seconds: since.map_or(0.0, |s| now.saturating_sub(s) as f64 / 1e9),
         last_message_at: (t.last_message > 0).then(|| rfc3339(t.last_message)),
         waiting_for: t
             .warming
-            .as_ref()
+            .as_deref()
             .map(|(_, w)| w.clone())
             .unwrap_or_default(),
     }
@@ -942,7 +1026,7 @@ mod tests {
         c.on_request(ask(LDS, Some("n1"), "", ""), S, &mut e);
         let mut push = of(LDS, "1", "1", &["l"]);
         push.resources
-            .mark_needs(&[(crate::xds::Needs::Routes, "r".to_string())]);
+            .mark_needs([(crate::xds::Needs::Routes, "r")]);
         c.on_response(push, S, &mut e);
         c.on_request(ask(LDS, None, "1", "1"), S, &mut e);
         feed(&board, std::mem::take(&mut e));

@@ -223,7 +223,11 @@ impl Book {
         let types = self.running.entry(node.clone()).or_default();
         match types.iter_mut().find(|(t, _)| *t == type_url) {
             Some((_, v)) => *v = version,
-            None => types.push((type_url, version)),
+            None => {
+                // Most nodes answer one type or two: no room to spare, per node.
+                types.reserve_exact(1);
+                types.push((type_url, version));
+            }
         }
     }
 

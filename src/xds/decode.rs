@@ -106,6 +106,19 @@ impl MessageDecoder {
         }
     }
 
+    /// The resources' full chunks go through `interner` as they fill, shared with every
+    /// stream decoding the same push.
+    pub fn with_interner(mut self, interner: std::sync::Arc<super::Interner>) -> Self {
+        let sink = match &mut self.input {
+            Input::Plain(sink) => sink,
+            Input::Gzip(d) => d.get_mut(),
+            Input::Deflate(d) => d.get_mut(),
+            Input::Failed(_) => return self,
+        };
+        sink.scanner.set_interner(interner);
+        self
+    }
+
     /// The next slice of the body.
     pub fn feed(&mut self, data: &[u8]) {
         self.seen += data.len() as u64;

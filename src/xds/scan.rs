@@ -18,7 +18,9 @@
 
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
-use super::{Api, ErrorDetail, Message, Needs, Node, Request, ResourceRef, Response};
+use std::sync::Arc;
+
+use super::{Api, ErrorDetail, Interner, Message, Needs, Node, Request, ResourceRef, Response};
 
 /// The `type_url` of the `Resource` wrapper, which SotW responses may carry too.
 pub const RESOURCE_WRAPPER: &str = "type.googleapis.com/envoy.service.discovery.v3.Resource";
@@ -33,6 +35,19 @@ const MAX_DEPTH: usize = 16;
 const MAX_NEEDS: usize = 64;
 /// `resource_errors` kept per response at most.
 const MAX_RESOURCE_ERRORS: usize = 1024;
+
+/// A whole varint at the start of `data`: its value and length; `None` when `data` holds only
+/// part of it (or it is malformed: the scanner then reads it byte by byte and says so).
+fn varint(data: &[u8]) -> Option<(u64, usize)> {
+    let mut value = 0u64;
+    for (i, b) in data.iter().take(10).enumerate() {
+        value |= u64::from(b & 0x7f) << (7 * i);
+        if b & 0x80 == 0 {
+            return Some((value, i + 1));
+        }
+    }
+    None
+}
 
 /// Sets `out` to `bytes` as text. Strings are UTF-8 in practice: validated fast, lossy otherwise.
 fn text_into(bytes: &[u8], out: &mut String) {
@@ -231,7 +246,53 @@ pub struct Scanner {
     dep_any: String,
     /// The end of the resource body being read, while inside one: its bytes are digested.
     body_end: Option<u64>,
+    /// Where full chunks of the resources are swapped for the fleet's shared copy, and where
+    /// resources decoded before are found by their bytes.
+    interner: Option<Arc<Interner>>,
+    /// The resource being decoded was looked for by its bytes and not found: its key, under
+    /// which it is remembered once decoded.
+    unseen: Option<u128>,
+    /// The push decoded before that this message repeats so far.
+    run: Option<Run>,
+    /// The digests of the resources this message reads, when it records them (none: another
+    /// stream does, or one could not be taken whole), to offer them as a run once complete.
+    keys: Option<Vec<u128>>,
+    /// Held while this message records its push: no other stream does meanwhile.
+    claim: Option<Arc<()>>,
+    /// Its first resource was seen.
+    started: bool,
+    /// A resource whose bytes arrive in pieces.
+    gathering: Option<Gathering>,
 }
+
+/// A push decoded before that a message repeats, resource by resource: followed, its
+/// resources cost a digest of their bytes each, and the message takes the push's set whole.
+struct Run {
+    record: Arc<super::RunRecord>,
+    followed: usize,
+}
+
+/// A resource's bytes gathered across slices, and how many are still to come (none: its
+/// length is not whole yet).
+struct Gathering {
+    bytes: Vec<u8>,
+    left: Option<usize>,
+}
+
+/// What a response's next field is, to the scanner that takes resources whole.
+enum Ahead {
+    /// A resource of this size, tag and length included.
+    Resource(usize),
+    /// A resource whose length has not all arrived.
+    Partial,
+}
+
+/// The tag of a response's resources: field 2, length-delimited.
+const RESOURCE_TAG: u8 = 2 << 3 | 2;
+
+/// The most of one resource gathered across slices to take it whole; a larger one is read
+/// field by field as it streams (and its push is no run).
+const MAX_GATHER: usize = 256 << 10;
 
 impl Scanner {
     /// A scanner for one message of `kind`; `len` is its length when known (uncompressed), else
@@ -276,7 +337,20 @@ impl Scanner {
             needs: Vec::new(),
             dep_any: String::new(),
             body_end: None,
+            interner: None,
+            unseen: None,
+            run: None,
+            keys: None,
+            claim: None,
+            started: false,
+            gathering: None,
         }
+    }
+
+    /// Full chunks of the resources decoded go through `interner` as they fill, shared with
+    /// every stream decoding the same.
+    pub fn set_interner(&mut self, interner: Arc<Interner>) {
+        self.interner = Some(interner);
     }
 
     /// Bytes seen so far.
@@ -295,11 +369,98 @@ impl Scanner {
         }
     }
 
+    /// Feeds `data`: a response's resources taken whole where the scanner can ([`Run`]), every
+    /// other byte through the field-by-field reader.
     fn feed_inner(&mut self, data: &[u8]) -> Result<(), ScanError> {
+        let mut i = 0;
+        loop {
+            if let Some(g) = self.gathering.as_mut() {
+                if g.left.is_none() {
+                    // Its length, a byte at a time until whole.
+                    if i == data.len() {
+                        return Ok(());
+                    }
+                    g.bytes.push(data[i]);
+                    i += 1;
+                    self.pos += 1;
+                    if let Some((len, l)) = varint(&g.bytes[1..]) {
+                        let size = usize::try_from(len).ok().and_then(|n| n.checked_add(1 + l));
+                        match size.filter(|s| *s <= MAX_GATHER) {
+                            Some(size) => g.left = Some(size - g.bytes.len()),
+                            None => {
+                                // Too large to gather: the bytes so far go to the reader.
+                                let g = self.gathering.take().expect("present above");
+                                self.started = true;
+                                self.end_run();
+                                self.keys = None;
+                                self.pos -= g.bytes.len() as u64;
+                                self.scan(&g.bytes, false)?;
+                            }
+                        }
+                    } else if g.bytes.len() > 11 {
+                        return Err(ScanError::Varint);
+                    }
+                    continue;
+                }
+                let left = g.left.unwrap_or(0);
+                let take = left.min(data.len() - i);
+                g.bytes.extend_from_slice(&data[i..i + take]);
+                g.left = Some(left - take);
+                i += take;
+                self.pos += take as u64;
+                if left > take {
+                    return Ok(());
+                }
+                let g = self.gathering.take().expect("present above");
+                self.pos -= g.bytes.len() as u64;
+                self.entry(&g.bytes)?;
+                continue;
+            }
+            if i == data.len() {
+                return Ok(());
+            }
+            match self.resource_ahead(&data[i..]) {
+                Some(Ahead::Resource(size)) if size <= data.len() - i => {
+                    self.entry(&data[i..i + size])?;
+                    i += size;
+                    continue;
+                }
+                Some(Ahead::Resource(size)) if size > MAX_GATHER => {
+                    // Too large to gather: read field by field, and this push is no run.
+                    self.started = true;
+                    self.end_run();
+                    self.keys = None;
+                }
+                Some(ahead) => {
+                    // Its bytes arrive in pieces (a DATA frame ends inside it): gathered, then
+                    // taken whole. Counted as read now; taken back when it is complete.
+                    let have = data.len() - i;
+                    self.pos += have as u64;
+                    self.gathering = Some(Gathering {
+                        left: match ahead {
+                            Ahead::Resource(size) => Some(size - have),
+                            Ahead::Partial => None,
+                        },
+                        bytes: data[i..].to_vec(),
+                    });
+                    return Ok(());
+                }
+                None => {}
+            }
+            i += self.scan(&data[i..], true)?;
+        }
+    }
+
+    /// The field-by-field reader: reads `data` (all of it, or with `stop_at_top` up to where it
+    /// is back between two fields of the message itself) and says how much it read.
+    fn scan(&mut self, data: &[u8], stop_at_top: bool) -> Result<usize, ScanError> {
         let mut i = 0;
         while i < data.len() {
             if matches!(self.state, State::Tag { shift: 0, .. }) {
                 self.pop_finished();
+                if stop_at_top && i > 0 && self.stack.len() == 1 {
+                    return Ok(i);
+                }
             }
             let top = self.stack.last().ok_or(ScanError::Length)?;
             if top.end == self.pos {
@@ -367,7 +528,130 @@ impl Scanner {
                 }
             }
         }
+        Ok(i)
+    }
+
+    /// When the reader is between two fields of a response, what `data` starts with: one of
+    /// its resources (its size, tag and length included), or the start of one whose length
+    /// `data` does not hold yet. Only with an interner to share what is taken whole. Any
+    /// other next field ends the run of resources the message may have been following.
+    fn resource_ahead(&mut self, data: &[u8]) -> Option<Ahead> {
+        if !matches!(self.state, State::Tag { shift: 0, .. }) {
+            return None;
+        }
+        self.pop_finished();
+        if self.stack.len() != 1 || self.interner.is_none() {
+            return None;
+        }
+        if !matches!(self.top(), Msg::Response | Msg::DeltaResponse) {
+            return None;
+        }
+        if data.first() != Some(&RESOURCE_TAG) {
+            self.end_run();
+            return None;
+        }
+        let Some((len, l)) = varint(&data[1..]) else {
+            // The length is cut here unless it is malformed, which the reader then says.
+            return (data.len() < 11).then_some(Ahead::Partial);
+        };
+        let size = (1 + l).checked_add(usize::try_from(len).ok()?)?;
+        let frame_end = self.stack.last()?.end;
+        (self.pos.checked_add(size as u64)? <= frame_end).then_some(Ahead::Resource(size))
+    }
+
+    /// One resource of a response, whole (`bytes`: its tag, length and value). Followed in the
+    /// run of a push decoded before, it costs a digest of its bytes; found among the resources
+    /// decoded before, it is added as then; otherwise it is read field by field, and
+    /// remembered.
+    fn entry(&mut self, bytes: &[u8]) -> Result<(), ScanError> {
+        let t = 1;
+        let (_, l) = varint(&bytes[t..]).ok_or(ScanError::Varint)?;
+        let seed = match self.top() {
+            Msg::DeltaResponse => 2,
+            _ => 1,
+        };
+        let key = xxhash_rust::xxh3::xxh3_128_with_seed(&bytes[t + l..], seed);
+        let interner = self.interner.clone().ok_or(ScanError::Length)?;
+        if !self.started {
+            // The first resource: a push recorded before, or one to record (by one stream at a
+            // time: the others read it as it comes, resource by resource).
+            self.started = true;
+            match interner.run_from(key) {
+                Some(record) => self.run = Some(Run { record, followed: 0 }),
+                None => self.record_from(key, &[], &interner),
+            }
+        }
+        if self.follows_run(key) {
+            self.pos += bytes.len() as u64;
+            return Ok(());
+        }
+        if let Some(keys) = self.keys.as_mut() {
+            keys.push(key);
+        }
+        if let Some(known) = interner.decoded(key) {
+            known.add_to(&mut self.resp.resources);
+            interner.seal(&mut self.resp.resources);
+            self.pos += bytes.len() as u64;
+            return Ok(());
+        }
+        self.unseen = Some(key);
+        let read = self.scan(bytes, false)?;
+        debug_assert_eq!(read, bytes.len());
         Ok(())
+    }
+
+    /// Starts recording this message's resources as a push whose first resource is `first`
+    /// and whose resources so far are `so_far`, unless another stream records it now.
+    fn record_from(&mut self, first: u128, so_far: &[u128], interner: &Interner) {
+        if let Some(claim) = interner.claim(first) {
+            self.keys = Some(so_far.to_vec());
+            self.claim = Some(claim);
+        }
+    }
+
+    /// Whether resource `key` is the next of the run this message follows. A resource off the
+    /// run ends it: the resources followed so far become the message's own, and the message
+    /// is recorded as a push of its own.
+    fn follows_run(&mut self, key: u128) -> bool {
+        let Some(run) = self.run.as_mut() else {
+            return false;
+        };
+        if run.record.keys.get(run.followed) == Some(&key) {
+            run.followed += 1;
+            return true;
+        }
+        let record = run.record.clone();
+        let followed = run.followed;
+        self.end_run();
+        if let (Some(&first), Some(interner)) = (record.keys.first(), self.interner.clone()) {
+            self.record_from(first, &record.keys[..followed], &interner);
+        }
+        false
+    }
+
+    /// Ends the run this message followed, if any: what it followed becomes its own.
+    fn end_run(&mut self) {
+        let Some(run) = self.run.take() else {
+            return;
+        };
+        let record = &run.record;
+        self.resp.resources = match run.followed == record.keys.len() {
+            true => record.resources.clone(),
+            false => record.resources.prefix(run.followed),
+        };
+    }
+
+    /// The message's resources are all read: when they were read here, not followed, they are
+    /// offered as a run for the next stream the same push goes to.
+    fn offer_run(&mut self) {
+        self.end_run();
+        let (Some(keys), Some(interner)) = (self.keys.take(), self.interner.as_ref()) else {
+            return;
+        };
+        if keys.is_empty() || keys.len() != self.resp.resources.len() {
+            return;
+        }
+        interner.offer_run(keys, &mut self.resp.resources);
     }
 
     /// A varint finished: a tag, a varint field value, or a length.
@@ -593,13 +877,30 @@ impl Scanner {
                 let outer = matches!(msg, Msg::Any) || self.top() == Msg::DeltaResponse;
                 if outer {
                     if let Some(r) = self.current.take() {
-                        let name = r.name.as_str();
-                        (self.resp.resources).push_parts(name, r.version.as_deref(), r.digest);
+                        let resources = &mut self.resp.resources;
+                        resources.push_parts(&r.name, r.version.as_deref(), r.digest);
                         if self.cluster_eds {
-                            self.resp.resources.mark_eds(Some(&self.eds_service));
+                            resources.mark_eds(Some(&self.eds_service));
                         }
-                        self.resp.resources.mark_timed(r.ttl_ms, r.bare);
-                        self.resp.resources.mark_needs(&self.needs);
+                        resources.mark_timed(r.ttl_ms, r.bare);
+                        resources.mark_needs(self.needs.iter().map(|(k, n)| (*k, n.as_str())));
+                        if let Some(interner) = &self.interner {
+                            interner.seal(resources);
+                            if let Some(key) = self.unseen.take() {
+                                let decoded = super::Decoded {
+                                    name: r.name.as_str().into(),
+                                    version: r.version.as_deref().map(Into::into),
+                                    digest: r.digest,
+                                    eds: (self.cluster_eds).then(|| self.eds_service.as_str().into()),
+                                    ttl_ms: r.ttl_ms,
+                                    bare: r.bare,
+                                    needs: (self.needs.iter())
+                                        .map(|(k, n)| (*k, n.as_str().into()))
+                                        .collect(),
+                                };
+                                interner.remember(key, decoded);
+                            }
+                        }
                         self.spare_name = r.name;
                     }
                 }
@@ -705,7 +1006,7 @@ impl Scanner {
         if let Some(e) = self.error {
             return Err(e);
         }
-        if !matches!(self.state, State::Tag { shift: 0, .. }) {
+        if !matches!(self.state, State::Tag { shift: 0, .. }) || self.gathering.is_some() {
             return Err(ScanError::Truncated);
         }
         let end = self.stack[0].end;
@@ -717,6 +1018,7 @@ impl Scanner {
         if self.stack.len() > 1 {
             return Err(ScanError::Truncated);
         }
+        self.offer_run();
         Ok(match self.kind {
             Kind::Request(_) => {
                 let mut req = self.req;

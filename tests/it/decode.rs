@@ -14,7 +14,7 @@ use prost::Message as _;
 use support::resources::{self, CDS};
 use xdstap::xds::decode::{DecodeError, MessageDecoder};
 use xdstap::xds::scan::{Kind, Scanner};
-use xdstap::xds::{Api, Message};
+use xdstap::xds::{Api, Interner, Message};
 
 fn scan_split(kind: Kind, bytes: &[u8], cut: usize) -> Message {
     let mut s = Scanner::new(kind, Some(bytes.len() as u64));
@@ -514,4 +514,131 @@ fn listener_needs_at_every_split() {
         panic!()
     };
     assert!(!r.resources.has_needs());
+}
+
+/// What a push decodes to whole, without any sharing.
+fn plain(kind: Kind, bytes: &[u8]) -> Message {
+    scan_split(kind, bytes, 0)
+}
+
+/// `bytes` read by a scanner sharing `interner` (as every stream of a tap does), in pieces of
+/// `size` bytes.
+fn shared(kind: Kind, bytes: &[u8], size: usize, interner: &std::sync::Arc<Interner>) -> Message {
+    let mut s = Scanner::new(kind, Some(bytes.len() as u64));
+    s.set_interner(interner.clone());
+    for piece in bytes.chunks(size.max(1)) {
+        s.feed(piece);
+    }
+    s.finish()
+        .unwrap_or_else(|e| panic!("{kind:?} in pieces of {size}: {e}"))
+}
+
+/// A fleet's streams read a push as the first one did: a push recorded by one stream is
+/// followed by the next resource by resource (a digest of each one's bytes), and a push that
+/// differs from it anywhere (a resource changed, missing or added, a wrapper's TTL, a
+/// listener's needs, a cluster fed by EDS under another name) decodes exactly as it would
+/// alone, in pieces of every size from one byte up, SotW and Delta.
+#[test]
+fn a_fleets_streams_read_a_push_as_the_first_one_did() {
+    use envoy_types::pb::envoy::config::cluster::v3::{cluster, Cluster};
+    use envoy_types::pb::google::protobuf::{Any, Duration as PbDuration};
+    let eds = |i: usize| Cluster {
+        name: format!("outbound|9080||svc-{i}"),
+        cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(
+            cluster::DiscoveryType::Eds as i32,
+        )),
+        eds_cluster_config: Some(cluster::EdsClusterConfig {
+            eds_config: None,
+            service_name: format!("endpoints-{i}"),
+        }),
+        ..Default::default()
+    };
+    let resources = |version: u32, n: usize, changed: Option<usize>| -> Vec<Any> {
+        (0..n)
+            .map(|i| match i % 4 {
+                _ if Some(i) == changed => {
+                    resources::cluster(&format!("c{i}"), 2000 + version as i64).1
+                }
+                0 => resources::any(&eds(i)),
+                1 => resources::static_cluster(&format!("s{i}"), 1000, 80),
+                2 => resources::listener(&format!("l{i}"), &format!("routes-{i}")).1,
+                _ => resources::cluster(&format!("c{i}"), 1000).1,
+            })
+            .collect()
+    };
+    let sotw = |res: Vec<Any>| {
+        DiscoveryResponse {
+            version_info: "v".into(),
+            resources: res,
+            type_url: CDS.into(),
+            nonce: "n".into(),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    };
+    let delta = |res: Vec<Any>| {
+        DeltaDiscoveryResponse {
+            type_url: CDS.into(),
+            nonce: "d".into(),
+            resources: (res.into_iter().enumerate())
+                .map(|(i, a)| Resource {
+                    name: format!("r{i}"),
+                    version: i.to_string(),
+                    resource: Some(a),
+                    ttl: (i % 5 == 0).then_some(PbDuration {
+                        seconds: 3,
+                        nanos: 0,
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    };
+    const N: usize = 300;
+    for (api, encode) in [
+        (Api::Sotw, &sotw as &dyn Fn(Vec<Any>) -> Vec<u8>),
+        (Api::Delta, &delta),
+    ] {
+        let kind = Kind::Response(api);
+        let interner = std::sync::Arc::new(Interner::default());
+        let first = encode(resources(1, N, None));
+        let want = plain(kind, &first);
+        // The first stream records it (DATA frames of 16 KiB, as Envoy and Go servers send).
+        assert_eq!(
+            shared(kind, &first, 16 << 10, &interner),
+            want,
+            "{api:?}: the first"
+        );
+        for size in (1..40).chain([100, 1000, 16 << 10, first.len()]) {
+            assert_eq!(
+                shared(kind, &first, size, &interner),
+                want,
+                "{api:?}: again in {size}"
+            );
+        }
+        for other in [
+            resources(2, N, Some(150)),
+            resources(2, N, Some(0)),
+            resources(2, N, Some(N - 1)),
+            resources(1, N - 7, None),
+            resources(1, N + 9, None),
+        ] {
+            let bytes = encode(other);
+            let want = plain(kind, &bytes);
+            for size in [1, 7, 333, 16 << 10] {
+                let got = shared(kind, &bytes, size, &interner);
+                assert_eq!(got, want, "{api:?}: another push in {size}");
+            }
+        }
+        // What a run shares is the set the first stream made: the same chunks, whole.
+        let Message::Response(a) = shared(kind, &first, 16 << 10, &interner) else {
+            panic!()
+        };
+        let Message::Response(b) = shared(kind, &first, 1000, &interner) else {
+            panic!()
+        };
+        assert!(a.resources.same_as(&b.resources));
+    }
 }

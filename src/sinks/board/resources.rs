@@ -167,13 +167,29 @@ impl ListenerNeeds {
 /// What a node runs of one type.
 pub(super) enum Held {
     /// SotW, after an ACK: the accepted push is the whole state.
-    Push(Arc<Push>, Timestamp),
+    Push(Taken, Timestamp),
     /// SotW, after a partial NACK: that push (shared by the fleet), but for the resources it
     /// rejected, which keep what they were (none: they were new). A node keeps only where it
     /// differs from the push.
-    Except(Arc<Push>, Timestamp, Vec<(String, Option<Kept>)>),
+    Except(Taken, Timestamp, Vec<(String, Option<Kept>)>),
     /// Delta, per resource: name -> (version, digest, when applied).
     Each(BTreeMap<String, (Option<String>, u64, Timestamp)>),
+}
+
+/// A push as a node keeps it once it runs it: its resources (the fleet's one copy) and its
+/// version; not the push's own record (nonce, type, sizes), which would cost every node.
+pub(super) struct Taken {
+    resources: Arc<crate::xds::Resources>,
+    version: Box<str>,
+}
+
+impl Taken {
+    fn of(push: &Push) -> Self {
+        Taken {
+            resources: push.resources.clone(),
+            version: push.version.as_str().into(),
+        }
+    }
 }
 
 /// What a rejected resource still runs: its version, digest and when it was applied.
@@ -214,8 +230,7 @@ pub(super) fn on_verdict(
         .is_some_and(|u| u.push.nonce == push.nonce);
     match verdict {
         Verdict::Ack => {
-            t.ttls.on_accepted(api, push, &[]);
-            t.needs.on_accepted(api, push, &[]);
+            on_accepted(t, api, push, &[]);
             match (api, &mut t.held) {
                 (Some(Api::Delta), Some(Held::Each(ref mut held))) => {
                     fold(held, push, &[], decided_at)
@@ -227,9 +242,9 @@ pub(super) fn on_verdict(
                 }
                 _ if push.resources.has_bare() => {
                     let kept = bare_kept(t, push);
-                    t.held = Some(Held::Except(push.clone(), decided_at, kept));
+                    t.held = Some(Held::Except(Taken::of(push), decided_at, kept));
                 }
-                _ => t.held = Some(Held::Push(push.clone(), decided_at)),
+                _ => t.held = Some(Held::Push(Taken::of(push), decided_at)),
             }
             if api == Some(Api::Delta) {
                 note_absent(t, push);
@@ -246,8 +261,7 @@ pub(super) fn on_verdict(
             ..
         } => {
             if *scope == Scope::Partial {
-                t.ttls.on_accepted(api, push, rejected);
-                t.needs.on_accepted(api, push, rejected);
+                on_accepted(t, api, push, rejected);
                 apply_part(t, api, push, rejected, decided_at);
             }
             if let Some(u) = t.unsettled.as_mut().filter(|_| ours) {
@@ -280,17 +294,30 @@ fn bare_kept(t: &TypeEntry, push: &Push) -> Vec<(String, Option<Kept>)> {
         .collect()
 }
 
+/// An accepted push (but for the `rejected`) into the TTL clocks and the listeners' needs.
+fn on_accepted(t: &mut TypeEntry, api: Option<Api>, push: &Push, rejected: &[Rejected]) {
+    let needed = push.resources.has_ttl() || push.resources.has_needs();
+    if let Some(rare) = t.rare_if(needed) {
+        rare.ttls.on_accepted(api, push, rejected);
+        rare.needs.on_accepted(api, push, rejected);
+    }
+}
+
 /// Delta: a removal of a name the client asks for says the resource does not exist; a push
 /// that carries it says it does.
 fn note_absent(t: &mut TypeEntry, push: &Push) {
-    if t.absent.is_empty() && push.removed.is_empty() {
+    let requested = &t.requested.names;
+    let named = |n: &String| requested.contains(n);
+    let needed = push.removed.iter().any(named);
+    let removed: Vec<String> = push.removed.iter().filter(|n| named(n)).cloned().collect();
+    let Some(rare) = t.rare_if(needed) else {
         return;
-    }
+    };
     let came: std::collections::HashSet<_> = push.resources.iter().map(|r| r.name).collect();
-    t.absent.retain(|n| !came.contains(n.as_str()));
-    for name in &push.removed {
-        if t.requested.names.contains(name) && !t.absent.contains(name) {
-            t.absent.push(name.clone());
+    rare.absent.retain(|n| !came.contains(n.as_str()));
+    for name in removed {
+        if !rare.absent.contains(&name) {
+            rare.absent.push(name);
         }
     }
 }
@@ -313,7 +340,7 @@ fn apply_part(
                 (r.name.clone(), had)
             })
             .collect();
-        t.held = Some(Held::Except(push.clone(), at, kept));
+        t.held = Some(Held::Except(Taken::of(push), at, kept));
         return;
     }
     let mut held = match t.held.take() {
@@ -390,7 +417,7 @@ struct Had {
 
 fn held_resources(held: Option<&Held>) -> BTreeMap<String, Had> {
     // A name twice in a push: Envoy runs the first and rejects the copy.
-    let of = |p: &Push, at: Timestamp| -> BTreeMap<String, Had> {
+    let of = |p: &Taken, at: Timestamp| -> BTreeMap<String, Had> {
         let mut m = BTreeMap::new();
         for r in p.resources.iter() {
             let version = r.version.unwrap_or(&p.version).to_string();
@@ -448,7 +475,7 @@ fn not_sent(url: &str, t: &TypeEntry, had: &BTreeMap<String, Had>, out: &mut Vec
         if had.contains_key(name) || pushed(name) {
             continue;
         }
-        let absent = t.absent.contains(name);
+        let absent = t.rare.as_ref().is_some_and(|r| r.absent.contains(name));
         out.push(ResourceRow {
             type_url: url.to_string(),
             name: name.clone(),
@@ -469,11 +496,11 @@ fn not_sent(url: &str, t: &TypeEntry, had: &BTreeMap<String, Had>, out: &mut Vec
 
 /// Resources whose TTL lapsed by `now` without a heartbeat: the client dropped them.
 fn expired(t: &TypeEntry, start: usize, now: Timestamp, out: &mut [ResourceRow]) {
-    if t.ttls.0.is_empty() {
+    let Some(ttls) = t.rare.as_ref().map(|r| &r.ttls).filter(|t| !t.0.is_empty()) else {
         return;
-    }
+    };
     for r in out[start..].iter_mut() {
-        let Some(&(lapsed, ms)) = t.ttls.0.get(&r.name) else {
+        let Some(&(lapsed, ms)) = ttls.0.get(&r.name) else {
             continue;
         };
         if lapsed <= now && r.client == ClientStatus::Acked {
@@ -487,10 +514,11 @@ fn expired(t: &TypeEntry, start: usize, now: Timestamp, out: &mut [ResourceRow])
 
 /// Listeners that name routes or secrets the node does not run: WARMING for Envoy's
 /// initial fetch timeout, then serving without them (ACKED, with what is missing).
-fn warming(types: &BTreeMap<String, TypeEntry>, now: Timestamp, out: &mut [ResourceRow]) {
+fn warming(types: &super::Types, now: Timestamp, out: &mut [ResourceRow]) {
     let Some(listeners) = types
         .get(crate::xds::LISTENER)
-        .filter(|t| !t.needs.0.is_empty())
+        .and_then(|t| t.rare.as_ref())
+        .filter(|r| !r.needs.0.is_empty())
     else {
         return;
     };
@@ -543,7 +571,7 @@ fn ttl_text(ms: u32) -> String {
 /// The control plane's errors over the resources listed from `start`: a resource it reported
 /// an error for is RECEIVED_ERROR (it still runs what it ran, if anything), with that error.
 fn cp_errors(url: &str, t: &TypeEntry, start: usize, out: &mut Vec<ResourceRow>) {
-    for (name, _, message, at) in &t.cp_errors.0 {
+    for (name, _, message, at) in t.rare.iter().flat_map(|r| &r.cp_errors.0) {
         let error = Some((message.clone(), String::new(), *at));
         match out[start..].iter_mut().find(|r| r.name == *name) {
             Some(r) => {
@@ -684,14 +712,14 @@ impl StatusBoard {
             .filter(|(id, _)| wanted(id))
             .map(|(id, n)| {
                 let mut resources = Vec::new();
-                for (url, t) in &n.types {
+                for (url, t) in n.types.iter() {
                     type_resources(url, t, now, &mut resources);
                 }
                 warming(&n.types, now, &mut resources);
                 NodeResources {
-                    id: id.clone(),
-                    cluster: n.cluster.clone(),
-                    user_agent: n.user_agent.clone(),
+                    id: id.to_string(),
+                    cluster: n.cluster.to_string(),
+                    user_agent: n.user_agent.to_string(),
                     resources,
                 }
             })

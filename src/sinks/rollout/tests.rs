@@ -216,8 +216,10 @@ fn unanswered_then_pushed_again_on_a_new_stream() {
 #[test]
 fn a_pending_cds_push_names_the_clusters_it_warms() {
     let view = Rollouts::new(RolloutSettings::default());
-    // A client that reconnects (it runs v0): it holds its CDS answer while clusters warm.
-    let mut a = Client::connect(&view, "a", 1, "v0", 0);
+    // A client that runs clusters (v0 here) holds its CDS answer while new ones warm.
+    let mut a = Client::connect(&view, "a", 1, "", 0);
+    a.push("v0", "0", &["old"], 0);
+    a.answer("v0", "0", None, 0);
     let mut cds = resp(CLUSTER, "v1", "1", &[]);
     cds.resources.push_parts("web", None, 1);
     cds.resources.mark_eds(None);

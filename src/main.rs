@@ -26,10 +26,16 @@ fn main() -> ExitCode {
 /// transparent huge pages, which would hold memory in 2 MiB pieces.
 #[allow(unsafe_code)] // the library forbids it; three FFI calls, with their SAFETY notes
 fn give_back_freed_pages() {
+    // mimalloc's own variables, when set, win (mimalloc reads them at its start).
+    let unset = |name: &str| std::env::var_os(name).is_none();
     // SAFETY: mi_option_set stores one option's value; it is called before any thread starts.
     unsafe {
-        libmimalloc_sys::mi_option_set(PURGE_DELAY, 0);
-        libmimalloc_sys::mi_option_set(ALLOW_THP, 0);
+        if unset("MIMALLOC_PURGE_DELAY") {
+            libmimalloc_sys::mi_option_set(PURGE_DELAY, 0);
+        }
+        if unset("MIMALLOC_ALLOW_THP") {
+            libmimalloc_sys::mi_option_set(ALLOW_THP, 0);
+        }
     }
     // SAFETY: PR_SET_THP_DISABLE takes plain integers and changes only this process's flag.
     unsafe {

@@ -65,6 +65,9 @@ pub struct Admin {
     pub traces: Option<crate::sinks::spans::TraceIds>,
     /// The page's link to a trace (`{trace_id}` in it).
     pub trace_url: Option<String>,
+    /// The watchers' seats taken (gRPC watches and pages' `/events`), at most
+    /// [`api::MAX_WATCHERS`].
+    pub seats: api::Seats,
 }
 
 impl Admin {

@@ -7,9 +7,9 @@
 //! # Layout
 //! Along the data flow:
 //! - [`proxy`]: listen, dial upstream, forward streams; knows HTTP/2 and nothing of gRPC or xDS.
-//! - [`grpc`]: gRPC message framing, streamed.
-//! - [`xds`]: method classification and the streaming decoder of the four xDS messages.
-//! - [`correlate`]: the pure state machine that pairs pushes with answers.
+//! - `grpc`, `xds`, `correlate`: the core, from the `xdstap-core` crate (gRPC message framing,
+//!   the streaming decoder of the four xDS messages, the pure state machine that pairs pushes
+//!   with answers); no runtime, no clock, no I/O, as Cargo holds.
 //! - [`sinks`]: the bounded event queue and its sinks: log lines, the JSON-lines event log,
 //!   OTLP spans, the status board, the rollout view, Prometheus metrics, live watchers.
 //! - [`tap`]: the proxy's observer: framing -> decode -> correlate -> queue, inline.
@@ -26,8 +26,7 @@
 //! # One-way rules
 //! Checked by `tests/it/layout.rs`:
 //! - `proxy` imports nothing from `grpc`, `xds`, `correlate`, `tap` or `sinks`.
-//! - `grpc`, `xds` and `correlate` use no tokio, no clock, and nothing from `sinks`;
-//!   `correlate` imports only from `xds`.
+//! - the core reads no clock; its `correlate` imports only from `xds`.
 //! - Nothing imports from `tap`, `demo` or the binary except the assembly (`server`, and the
 //!   binary itself).
 #![deny(unsafe_code)]
@@ -53,12 +52,15 @@ macro_rules! internal {
 internal! {
     admin;
     cli;
-    correlate;
     demo;
-    grpc;
     sinks;
     tap;
-    xds;
 }
+
+// The core (xdstap-core: framing, decoding, correlation), where the rest of the crate finds it.
+#[cfg(feature = "internals")]
+pub use xdstap_core::{correlate, grpc, xds};
+#[cfg(not(feature = "internals"))]
+use xdstap_core::{correlate, grpc, xds};
 
 pub use server::{main, run, Running, Server};

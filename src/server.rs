@@ -181,6 +181,7 @@ impl Server {
                 proxy: proxy_stats,
                 traces,
                 trace_url: config.admin.as_ref().and_then(|a| a.trace_url.clone()),
+                seats: Default::default(),
             });
             let most = config.admin.as_ref().map_or(crate::admin::MAX_CONNECTIONS, |a| a.max_connections);
             (address, tokio::spawn(crate::admin::serve(l, admin, most)))

@@ -67,7 +67,7 @@ impl tap_server::Tap for TapApi {
                 "types: at most {MAX_TYPES}, each at most {MAX_PATTERN} characters"
             )));
         }
-        let Some(seat) = Seat::take() else {
+        let Some(seat) = Seat::take(&self.0.seats) else {
             return Err(Status::resource_exhausted(format!(
                 "{MAX_WATCHERS} watchers already; try again when one ends"
             )));
@@ -94,29 +94,27 @@ impl tap_server::Tap for TapApi {
     }
 }
 
-/// Watchers at once at most, over every tap in the process.
+/// Watchers at once at most, per tap.
 pub const MAX_WATCHERS: usize = 64;
 /// The longest node glob or type a watcher may give.
 const MAX_PATTERN: usize = 256;
 /// The most types a watcher may name.
 const MAX_TYPES: usize = 16;
 
-static WATCHERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// A tap's watchers' seats: how many are taken.
+pub type Seats = Arc<std::sync::atomic::AtomicUsize>;
 
-/// One of [`MAX_WATCHERS`] seats (a gRPC watch or a page's `/events`), given back when the
-/// watch ends.
-pub struct Seat(&'static std::sync::atomic::AtomicUsize);
+/// One of a tap's [`MAX_WATCHERS`] seats (a gRPC watch or a page's `/events`), given back when
+/// the watch ends.
+pub struct Seat(Seats);
 
 impl Seat {
-    /// A seat, unless every one is taken.
-    pub fn take() -> Option<Seat> {
+    /// A seat of `seats`, unless every one is taken.
+    pub fn take(seats: &Seats) -> Option<Seat> {
         use std::sync::atomic::Ordering;
-        let count = &WATCHERS;
         let update = |n: usize| (n < MAX_WATCHERS).then_some(n + 1);
-        (count
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, update)
-            .ok())
-        .map(|_| Seat(count))
+        (seats.fetch_update(Ordering::AcqRel, Ordering::Acquire, update).ok())
+            .map(|_| Seat(seats.clone()))
     }
 }
 

@@ -94,7 +94,7 @@ fn batch(verdicts: &[WatchEvent], more: u64) -> Result<Frame<Bytes>, Infallible>
 /// what was decided meanwhile (NACKs first to be kept), a comment when nothing happens for a
 /// while. It takes one of the watchers' seats.
 fn events(admin: &Admin) -> Response<Body> {
-    let Some(seat) = Seat::take() else {
+    let Some(seat) = Seat::take(&admin.seats) else {
         return (guarded(StatusCode::SERVICE_UNAVAILABLE, "text/plain"))
             .body(Body::new(Full::new(Bytes::from_static(
                 b"too many watchers; try again when one ends\n",

@@ -1,5 +1,5 @@
 //! The live sync status: per client node and type, SYNCED / NACKED / STALE / PENDING / NOT SENT,
-//! with versions, the last error and counts. Fed by events on the queue's task, read by the
+//! with versions, the last error and counts. Fed by events on the sinks' thread, read by the
 //! admin server. Memory is bounded: disconnected nodes are forgotten after a while, and past
 //! `max_nodes` the longest-idle node goes first.
 

@@ -1,5 +1,5 @@
 //! Prometheus metrics (prometheus-client, OpenMetrics text). Push counts and push->answer
-//! latency are updated by a sink on the queue's task; the forwarder's and observer's counters
+//! latency are updated by a sink on the sinks' thread; the forwarder's and observer's counters
 //! are read at scrape time. No per-node label: per-node detail lives in `/status`.
 
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! HTTP/protobuf) by `opentelemetry-otlp`'s exporter.
 //!
 //! The batching is ours rather than the SDK's batch processor, so every dropped span is counted:
-//! the sink (on the event queue's task) hands finished spans to a bounded queue with `try_send`;
+//! the sink (on the sinks' thread) hands finished spans to a bounded queue with `try_send`;
 //! one export task sends batches. A slow or dead backend fills the queue and costs dropped spans,
 //! never forwarding throughput and never unbounded memory.
 //!

@@ -92,26 +92,21 @@ async fn a_csds_client_reads_every_nodes_resources() {
         "envoy-bad",
         Snapshot::standard("v2", 2000, 0, 9).with(SDS, secret("gateway-cert", &cert, &key)),
     );
-    let nonce = loop {
+    let nonce = support::eventually(30, "envoy-bad's answer to v2", || {
         let sent = cp.sent();
         let push = sent.iter().find(|s| s.type_url == CDS && s.version == "v2");
-        if let Some(a) = push.and_then(|p| cp.answer_to(&p.nonce)) {
-            break a;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+        push.and_then(|p| cp.answer_to(&p.nonce))
+    })
+    .await;
     let envoy_says = nonce.error.clone().expect("Envoy rejects v2").1;
-    let r = loop {
+    let r = support::eventually_async(30, "CSDS to say b is NACKED", || async {
         let r = fetch(client.clone(), ClientStatusRequest::default()).await;
         let bad = resources(node(&r, "envoy-bad"));
-        if bad
-            .get(&("CDS".into(), "b".into()))
+        (bad.get(&("CDS".into(), "b".into())))
             .is_some_and(|s| s.2 == ClientResourceStatus::Nacked)
-        {
-            break r;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+            .then_some(r)
+    })
+    .await;
     let bad = resources(node(&r, "envoy-bad"));
     let b = &bad[&("CDS".into(), "b".into())];
     assert_eq!(

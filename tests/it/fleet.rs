@@ -10,7 +10,6 @@
 use crate::support;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::process::Command;
 use std::time::Duration;
 
@@ -110,14 +109,10 @@ async fn xdstap_resolving(name: &str, args: &[&str]) -> (i32, String, String) {
 }
 
 /// The next `n` CDS events from a JSON watch: (node, kind, version, tap).
-fn next_cds(
-    out: &mut BufReader<std::process::ChildStdout>,
-    n: usize,
-) -> Vec<(String, String, String, String)> {
+fn next_cds(out: &support::Lines, n: usize) -> Vec<(String, String, String, String)> {
     let mut seen = Vec::new();
     while seen.len() < n {
-        let mut line = String::new();
-        assert!(out.read_line(&mut line).unwrap() > 0, "the watch ended");
+        let line = out.next(20, "a CDS event watched");
         let e: serde_json::Value = serde_json::from_str(&line).unwrap();
         if e["type"] != "CDS" {
             continue;
@@ -282,14 +277,14 @@ async fn two_taps_answer_as_one_and_a_stopped_one_is_named() {
     );
 
     // watch: both taps' verdicts interleaved, each marked with its tap.
-    let (_watch, mut watched, said) = support::watching(
+    let (_watch, watched, said) = support::watching(
         &["--admin", &list, "-o", "json", "--verdict", "ack,nack"],
         2,
     );
     assert!(said.contains(&a_admin) && said.contains(&b_admin), "{said}");
     cp.set_for_node("envoy-4", Snapshot::standard("v3", 3000, 1000, 9));
     cp.set(Snapshot::standard("v3", 3000, 1000, 9));
-    let seen = next_cds(&mut watched, 4);
+    let seen = next_cds(&watched, 4);
     let expect = |n: &str, t: &str| {
         (
             n.to_string(),
@@ -381,7 +376,7 @@ async fn two_taps_answer_as_one_and_a_stopped_one_is_named() {
     );
     let (code, out, err) = xdstap(&["status", "--admin", &b_admin]).await;
     assert_eq!(code, 69, "no tap answered: {out}{err}");
-    let (_watch, mut watched, said) = support::watching(
+    let (_watch, watched, said) = support::watching(
         &["--admin", &list, "-o", "json", "-t", "CDS", "--count", "1"],
         2,
     );
@@ -390,7 +385,7 @@ async fn two_taps_answer_as_one_and_a_stopped_one_is_named() {
         "{said}"
     );
     cp.set(Snapshot::standard("v4", 4000, 1000, 9));
-    next_cds(&mut watched, 1);
+    next_cds(&watched, 1);
     let mut watch = _watch;
     let status = watch.0.wait().unwrap();
     assert_eq!(status.code(), Some(4), "a watch missing a tap is partial");

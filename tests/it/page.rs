@@ -8,7 +8,6 @@
 
 use crate::support;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -207,15 +206,11 @@ async fn the_page_after_the_demo() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut out = BufReader::new(demo.stdout.take().unwrap());
+    let out = support::Lines::new(demo.stdout.take().unwrap());
     let mut demo = support::Child(demo);
     let mut told = String::new();
     loop {
-        let mut line = String::new();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "the demo ended:\n{told}"
-        );
+        let line = out.next(120, "the demo to give its page's address");
         told.push_str(&line);
         if line.starts_with("The page: http://") {
             break;
@@ -253,8 +248,6 @@ async fn the_page_after_the_demo() {
         std::fs::write(&path, &shot).unwrap();
     }
     demo.terminate();
-    let mut rest = String::new();
-    let _ = std::io::Read::read_to_string(&mut out, &mut rest);
-    told.push_str(&rest);
+    told.push_str(&out.rest(30));
     assert!(told.contains("Story played as expected: yes"), "{told}");
 }

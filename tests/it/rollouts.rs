@@ -6,7 +6,6 @@
 use crate::support;
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
 use std::time::Duration;
 
 use support::control_plane::ControlPlane;
@@ -75,7 +74,7 @@ async fn answered(admin: &str, version: &str, answered: u64) -> Rollout {
 }
 
 /// `xdstap watch ARGS` in the background, once it says it is watching.
-fn watch(args: &[&str]) -> (support::Child, BufReader<std::process::ChildStdout>) {
+fn watch(args: &[&str]) -> (support::Child, support::Lines) {
     let (child, out, said) = support::watching(args, 1);
     assert!(said.contains("watching the tap"), "{said}");
     (child, out)
@@ -100,7 +99,7 @@ async fn who_took_each_version_across_a_fix_a_bystander_and_a_restart() {
     assert_eq!((v1.pushed, v1.acked), (3, 3), "{v1:?}");
 
     // v2: envoy-3 alone gets a cluster it rejects; a watch sees the NACK live.
-    let (_watch, mut watched) = watch(&["--admin", &admin, "--verdict", "nack", "-o", "json"]);
+    let (_watch, watched) = watch(&["--admin", &admin, "--verdict", "nack", "-o", "json"]);
     cp.set_for_node("envoy-3", Snapshot::standard("v2", 2000, 0, 9));
     cp.set(Snapshot::standard("v2", 2000, 1000, 9));
     let (code, out, err) = xdstap(&["wait", "--admin", &admin, "--version", "v2"]).await;
@@ -125,8 +124,7 @@ async fn who_took_each_version_across_a_fix_a_bystander_and_a_restart() {
     assert_eq!(r.nacks[0].suspects, ["b"]);
     assert_eq!(r.behind[0].node, "envoy-3");
     assert_eq!(r.behind[0].running.as_deref(), Some("v1"), "it kept v1");
-    let mut line = String::new();
-    watched.read_line(&mut line).unwrap();
+    let line = watched.next(20, "the NACK watched");
     let live: serde_json::Value = serde_json::from_str(&line).unwrap();
     assert_eq!(live["node"], "envoy-3", "{line}");
     assert_eq!(

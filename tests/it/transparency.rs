@@ -381,9 +381,14 @@ async fn shutdown_lets_open_streams_finish() {
     );
     let addr = tap.addr.clone();
     let shutdown = tokio::spawn(tap.shutdown());
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    // New connections are refused, the open stream still works.
-    assert!(tokio::net::TcpStream::connect(&addr).await.is_err());
+    // New connections are refused once the listener is closed, the open stream still works.
+    support::eventually_async(5, "new connections refused", || async {
+        tokio::net::TcpStream::connect(&addr)
+            .await
+            .is_err()
+            .then_some(())
+    })
+    .await;
     tx.send(Bytes::from_static(b"during")).await.unwrap();
     assert_eq!(
         inbound.next().await.unwrap().unwrap(),

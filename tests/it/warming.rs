@@ -101,16 +101,13 @@ async fn a_cds_push_held_for_endpoints_that_never_come() {
     // Envoy gives up waiting and ACKs: the span says what the push waited for.
     let answer = cp.answer_eventually(&nonce).await;
     assert!(answer.error.is_none(), "an ACK after the fetch timeout");
-    let span = loop {
-        let found = (receiver.spans().into_iter()).find(|s| {
+    let span = crate::support::eventually(30, "the span of CDS v2", || {
+        (receiver.spans().into_iter()).find(|s| {
             s.text("xds.type").as_deref() == Some("CDS")
                 && s.text("xds.version").as_deref() == Some("v2")
-        });
-        if let Some(s) = found {
-            break s;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        })
+    })
+    .await;
     assert_eq!(span.text("xds.verdict").as_deref(), Some("ack"));
     assert_eq!(span.strings("xds.waiting_for"), ["w"]);
     let held_ms = (span.span.end_time_unix_nano - span.span.start_time_unix_nano) / 1_000_000;

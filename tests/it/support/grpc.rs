@@ -3,7 +3,6 @@
 //! through the xDS server its bootstrap names, and it serves its own CSDS on a loopback port.
 //! With the API listener such a client resolves `svc` to.
 
-use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
 
 use envoy_types::pb::envoy::config::listener::v3::{ApiListener, Listener};
@@ -131,10 +130,8 @@ pub fn start(
         .stderr(stderr)
         .spawn()
         .expect("python3");
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let line =
+        super::Lines::new(child.stdout.take().unwrap()).next(60, "the grpcio client's CSDS port");
     let port: u16 = line.trim().parse().unwrap_or_else(|_| panic!("{line:?}"));
     Client {
         child,

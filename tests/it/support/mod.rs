@@ -55,6 +55,23 @@ pub async fn eventually<T>(secs: u64, what: &str, mut check: impl FnMut() -> Opt
     }
 }
 
+/// Awaits `check` every 20 ms until it returns Some or `secs` pass; panics with `what` otherwise.
+pub async fn eventually_async<T, F>(secs: u64, what: &str, mut check: impl FnMut() -> F) -> T
+where
+    F: std::future::Future<Output = Option<T>>,
+{
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if std::time::Instant::now() > deadline {
+            panic!("timed out after {secs}s waiting for {what}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// Waits until a process listens on the Unix socket at `path`. The file appears at bind(), a
 /// moment before listen(), and a connect in between is refused; /proc/net/unix tells the two
 /// apart (the accepting flag, 0x10000) without connecting, so no probe shows in the tap's logs.
@@ -115,12 +132,9 @@ pub async fn watch_into(admin: &str, dir: &std::path::Path) -> (Child, std::path
 }
 
 /// `xdstap watch ARGS` in the background, its output piped, once it has said on standard error
-/// which of its `taps` it watches (a line each): the process, its output, what it said.
-pub fn watching(
-    args: &[&str],
-    taps: usize,
-) -> (Child, std::io::BufReader<std::process::ChildStdout>, String) {
-    use std::io::BufRead;
+/// which of its `taps` it watches (a line each, within 10 s): the process, its output, what it
+/// said.
+pub fn watching(args: &[&str], taps: usize) -> (Child, Lines, String) {
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_xdstap"))
         .arg("watch")
         .args(args)
@@ -128,13 +142,65 @@ pub fn watching(
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let err = Lines::new(child.stderr.take().unwrap());
     let mut said = String::new();
     for _ in 0..taps {
-        err.read_line(&mut said).unwrap();
+        said.push_str(&err.next(10, "watch to say what it watches"));
     }
-    let out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let out = Lines::new(child.stdout.take().unwrap());
     (Child(child), out, said)
+}
+
+/// The lines a child process writes to a pipe, read on a thread of their own, so that a test
+/// waits for the next one with a deadline instead of blocking on the pipe for good.
+pub struct Lines(std::sync::mpsc::Receiver<String>);
+
+impl Lines {
+    /// Starts reading `pipe`.
+    pub fn new(pipe: impl std::io::Read + Send + 'static) -> Lines {
+        use std::io::BufRead;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(pipe).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line + "\n").is_err() {
+                    break;
+                }
+            }
+        });
+        Lines(rx)
+    }
+
+    /// The next line (with its newline), waiting at most `secs`; panics naming `what` when
+    /// none comes in time or the pipe ends.
+    pub fn next(&self, secs: u64, what: &str) -> String {
+        let wait = std::time::Duration::from_secs(secs);
+        match self.0.recv_timeout(wait) {
+            Ok(line) => line,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                panic!("no line in {secs}s waiting for {what}")
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                panic!("the output ended waiting for {what}")
+            }
+        }
+    }
+
+    /// Every line until the pipe ends, which must be within `secs`.
+    pub fn rest(&self, secs: u64) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+        let mut out = String::new();
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.0.recv_timeout(left) {
+                Ok(line) => out.push_str(&line),
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return out,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    panic!("the output did not end within {secs}s: {out}")
+                }
+            }
+        }
+    }
 }
 
 /// A loopback address with a port free a moment ago, for a process the test starts.

@@ -577,7 +577,12 @@ impl Scanner {
             // time: the others read it as it comes, resource by resource).
             self.started = true;
             match interner.run_from(key) {
-                Some(record) => self.run = Some(Run { record, followed: 0 }),
+                Some(record) => {
+                    self.run = Some(Run {
+                        record,
+                        followed: 0,
+                    })
+                }
                 None => self.record_from(key, &[], &interner),
             }
         }
@@ -891,7 +896,8 @@ impl Scanner {
                                     name: r.name.as_str().into(),
                                     version: r.version.as_deref().map(Into::into),
                                     digest: r.digest,
-                                    eds: (self.cluster_eds).then(|| self.eds_service.as_str().into()),
+                                    eds: (self.cluster_eds)
+                                        .then(|| self.eds_service.as_str().into()),
                                     ttl_ms: r.ttl_ms,
                                     bare: r.bare,
                                     needs: (self.needs.iter())

@@ -726,11 +726,15 @@ fn as_node(id: &str, r: Request) -> Request {
 /// A stream of `node` that takes CDS `version` (`clusters`) and ends, recorded in `ledger`.
 fn ran(ledger: &Arc<Ledger>, node: &str, version: &str, clusters_: &[(&str, u64, Option<&str>)]) {
     let mut c = correlator(Api::Sotw).with_ledger(ledger.clone());
-    step(&mut c, |c, o| c.on_request(as_node(node, req(CDS, "", "", &[])), 0, o));
+    step(&mut c, |c, o| {
+        c.on_request(as_node(node, req(CDS, "", "", &[])), 0, o)
+    });
     step(&mut c, |c, o| {
         c.on_response(clusters(version, "was", clusters_), 0, o)
     });
-    step(&mut c, |c, o| c.on_request(req(CDS, version, "was", &[]), 0, o));
+    step(&mut c, |c, o| {
+        c.on_request(req(CDS, version, "was", &[]), 0, o)
+    });
     step(&mut c, |c, o| c.on_stream_end(None, "gone", 0, o));
 }
 
@@ -746,16 +750,24 @@ fn a_reconnecting_client_runs_what_its_last_stream_ended_on() {
     ran(&ledger, "n", "v7", &v7);
     assert_eq!(ledger.entries(), 1);
     let mut c = correlator(Api::Sotw).with_ledger(ledger.clone());
-    let e = step(&mut c, |c, o| c.on_request(as_node("n", req(CDS, "v7", "", &[])), 1, o));
+    let e = step(&mut c, |c, o| {
+        c.on_request(as_node("n", req(CDS, "v7", "", &[])), 1, o)
+    });
     assert!(matches!(&e[..], [Event::Resubscribe { version, .. }] if version == "v7"));
-    let e = step(&mut c, |c, o| c.on_response(clusters("v7", "r1", &v7), 2, o));
+    let e = step(&mut c, |c, o| {
+        c.on_response(clusters("v7", "r1", &v7), 2, o)
+    });
     assert!(warming(&e).is_empty(), "nothing changed: {e:?}");
     let e = step(&mut c, |c, o| c.on_request(req(CDS, "v7", "r1", &[]), 3, o));
     assert!(waiting_for(&e).is_empty());
     let v8 = [("a", 1, Some("")), ("b", 20, Some("")), ("s", 3, None)];
-    let e = step(&mut c, |c, o| c.on_response(clusters("v8", "r2", &v8), 4, o));
+    let e = step(&mut c, |c, o| {
+        c.on_response(clusters("v8", "r2", &v8), 4, o)
+    });
     assert_eq!(warming(&e), [("r2".into(), vec!["b".into()])]);
-    let e = step(&mut c, |c, o| c.on_request(nack(CDS, "v7", "r2", "no good"), 5, o));
+    let e = step(&mut c, |c, o| {
+        c.on_request(nack(CDS, "v7", "r2", "no good"), 5, o)
+    });
     match &e[0] {
         Event::Verdict {
             verdict: Verdict::Nack { changed, .. },
@@ -767,10 +779,16 @@ fn a_reconnecting_client_runs_what_its_last_stream_ended_on() {
     // Another node, or a version the ledger does not have for it: not known.
     for (node, version) in [("m", "v7"), ("n", "v6")] {
         let mut c = correlator(Api::Sotw).with_ledger(ledger.clone());
-        step(&mut c, |c, o| c.on_request(as_node(node, req(CDS, version, "", &[])), 1, o));
-        let e = step(&mut c, |c, o| c.on_response(clusters("v8", "u1", &v8), 2, o));
+        step(&mut c, |c, o| {
+            c.on_request(as_node(node, req(CDS, version, "", &[])), 1, o)
+        });
+        let e = step(&mut c, |c, o| {
+            c.on_response(clusters("v8", "u1", &v8), 2, o)
+        });
         assert!(warming(&e).is_empty(), "{node} {version}: {e:?}");
-        let e = step(&mut c, |c, o| c.on_request(nack(CDS, version, "u1", "no good"), 3, o));
+        let e = step(&mut c, |c, o| {
+            c.on_request(nack(CDS, version, "u1", "no good"), 3, o)
+        });
         match &e[0] {
             Event::Verdict {
                 verdict: Verdict::Nack { changed, .. },
@@ -789,8 +807,15 @@ fn the_ledger_is_bounded() {
     for i in 0..ledger::MAX_ENTRIES + 10 {
         ledger.record(&format!("node-{i}"), CDS, "v1", set.clone());
     }
-    assert!(ledger.entries() <= ledger::MAX_ENTRIES, "{}", ledger.entries());
-    assert!(ledger.recall("node-0", CDS, "v1").is_none(), "the oldest went");
+    assert!(
+        ledger.entries() <= ledger::MAX_ENTRIES,
+        "{}",
+        ledger.entries()
+    );
+    assert!(
+        ledger.recall("node-0", CDS, "v1").is_none(),
+        "the oldest went"
+    );
     let last = format!("node-{}", ledger::MAX_ENTRIES + 9);
     assert!(ledger.recall(&last, CDS, "v1").is_some());
     assert!(ledger.recall(&last, CDS, "v2").is_none(), "another version");
@@ -811,7 +836,9 @@ fn cds_push_waits_for_the_endpoints_of_the_clusters_it_adds_or_changes() {
     let ledger = Arc::new(Ledger::default());
     ran(&ledger, "n", "v0", &[("old", 7, Some(""))]);
     let mut c = correlator(Api::Sotw).with_ledger(ledger);
-    step(&mut c, |c, o| c.on_request(as_node("n", req(CDS, "v0", "", &[])), 1, o));
+    step(&mut c, |c, o| {
+        c.on_request(as_node("n", req(CDS, "v0", "", &[])), 1, o)
+    });
     let v1 = [("a", 1, Some("")), ("b", 2, Some("b-svc")), ("s", 3, None)];
     let e = step(&mut c, |c, o| {
         c.on_response(clusters("v1", "c1", &v1), 2, o)

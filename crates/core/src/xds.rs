@@ -323,8 +323,7 @@ impl Resources {
     /// Marks the last resource pushed as a cluster fed by EDS, under `service` when its
     /// `eds_cluster_config.service_name` is not its own name.
     pub fn mark_eds(&mut self, service: Option<&str>) {
-        let Some(last) = (self.chunks.last_mut())
-            .and_then(|c| Arc::make_mut(c).entries.last_mut())
+        let Some(last) = (self.chunks.last_mut()).and_then(|c| Arc::make_mut(c).entries.last_mut())
         else {
             return;
         };
@@ -362,12 +361,21 @@ impl Resources {
             sealed: whole / CHUNK,
             len: whole,
             last: String::new(),
-            services: (self.services.iter()).filter(|(i, _)| before(*i)).cloned().collect(),
+            services: (self.services.iter())
+                .filter(|(i, _)| before(*i))
+                .cloned()
+                .collect(),
             eds: (0..whole)
                 .filter(|i| self.digest_at(*i).is_some_and(|(_, eds)| eds))
                 .count() as u32,
-            timed: (self.timed.iter()).filter(|t| before(t.index)).copied().collect(),
-            needs: (self.needs.iter()).filter(|(i, ..)| before(*i)).cloned().collect(),
+            timed: (self.timed.iter())
+                .filter(|t| before(t.index))
+                .copied()
+                .collect(),
+            needs: (self.needs.iter())
+                .filter(|(i, ..)| before(*i))
+                .cloned()
+                .collect(),
         };
         for i in whole..k {
             let Some(x) = self.get(i) else { break };
@@ -1250,7 +1258,10 @@ mod tests {
                 assert!(Arc::ptr_eq(&a.chunks[k], &b.chunks[k]), "chunk {k} shared");
             }
         }
-        assert!(!Arc::ptr_eq(&a.chunks[3], &b.chunks[3]), "the one being filled is its own");
+        assert!(
+            !Arc::ptr_eq(&a.chunks[3], &b.chunks[3]),
+            "the one being filled is its own"
+        );
         let (a, b) = (interner.intern(a), interner.intern(b));
         assert!(Arc::ptr_eq(&a, &b));
         let names: Vec<String> = a.iter().map(|r| r.name.into_owned()).collect();

@@ -22,6 +22,7 @@ mod outage;
 mod page;
 mod partial;
 mod proxyless;
+mod queue;
 mod recipes;
 mod reconnect;
 mod restarts;

@@ -255,5 +255,60 @@ async fn who_took_each_version_across_a_fix_a_bystander_and_a_restart() {
     );
     let (acked, _) = recorded(&cp, CDS, "v4");
     assert_eq!(acked.len(), 3, "the control plane's record agrees");
+
+    // A client that takes its pushes and never answers: a wait for v5 times out (exit 2),
+    // naming it as pending, while the Envoys' answers are in.
+    let _mute = mute(&tap.tap.addr, "mute-1").await;
+    cp.set_for_node("envoy-3", Snapshot::standard("v5", 5000, 1000, 9));
+    cp.set(Snapshot::standard("v5", 5000, 1000, 9));
+    let (code, out, err) = xdstap(&[
+        "wait",
+        "--admin",
+        &admin,
+        "--version",
+        "v5",
+        "--type",
+        "CDS",
+        "--timeout",
+        "3s",
+    ])
+    .await;
+    println!("xdstap wait --version v5 with a client that never answers:\n{out}{err}");
+    assert_eq!(code, 2, "a timeout: {out}{err}");
+    assert!(err.contains("timed out after"), "{err}");
+    assert!(
+        out.contains("CDS v5: 4 nodes pushed it: 3 acked, 1 pending"),
+        "{out}"
+    );
+    assert!(out.contains("mute-1"), "the pending node named: {out}");
+    let (acked, _) = recorded(&cp, CDS, "v5");
+    assert_eq!(
+        acked.len(),
+        3,
+        "the control plane has the three Envoys' answers"
+    );
     tap.close().await;
+}
+
+/// An ADS stream from `node` through the tap at `addr` that subscribes to CDS, reads its first
+/// push and never answers; held open while the result lives.
+async fn mute(addr: &str, node: &str) -> (h2::SendStream<bytes::Bytes>, h2::RecvStream) {
+    const ADS: &str =
+        "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
+    let io = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (client, conn) = h2::client::handshake(io).await.unwrap();
+    tokio::spawn(conn);
+    let mut client = client.ready().await.unwrap();
+    let (resp, mut send) = client
+        .send_request(support::raw::request(ADS), false)
+        .unwrap();
+    send.send_data(support::raw::subscribe(node), false)
+        .unwrap();
+    let mut body = resp.await.unwrap().into_body();
+    let first = tokio::time::timeout(Duration::from_secs(10), body.data()).await;
+    assert!(
+        first.is_ok_and(|d| d.is_some_and(|d| d.is_ok())),
+        "{node} got no push"
+    );
+    (send, body)
 }

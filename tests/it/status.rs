@@ -30,8 +30,6 @@ async fn monitored(upstream: &str, settings: StatusSettings) -> Monitored {
         upstream,
         "--admin",
         "127.0.0.1:0",
-        "--event-queue",
-        "65536",
     ])
     .unwrap()
     .resolve()

@@ -137,7 +137,7 @@ async fn log_line(stderr: &Path, n: usize) -> String {
 
 /// Each client-side failure is logged naming its reason (a tap each, since a tap logs the first
 /// failure at once and then a count every few seconds); a burst of them is one line, not one
-/// line each.
+/// line each: the first failure after 5 s says how many there were.
 #[tokio::test]
 async fn client_side_certificate_problems_are_logged_with_side_and_reason() {
     let dir = support::TempDir::new("tls-errors-down");
@@ -183,17 +183,22 @@ async fn client_side_certificate_problems_are_logged_with_side_and_reason() {
             }
         }
     };
+    let first = std::time::Instant::now();
     assert!(plaintext().await, "plaintext got through a TLS listener");
     let line = log_line(&stderr, 1).await;
-    assert!(!line.is_empty());
-    // A fleet that trusts the wrong root: twenty more at once are still that one line.
+    assert!(line.contains("times=1"), "{line}");
+    // A fleet that trusts the wrong root: twenty more at once log nothing of their own; the
+    // first failure past the 5 s window logs them all with its own count.
     for _ in 0..20 {
         assert!(plaintext().await);
     }
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    tokio::time::sleep(std::time::Duration::from_secs(5).saturating_sub(first.elapsed())).await;
+    assert!(plaintext().await);
+    let line = log_line(&stderr, 2).await;
+    assert!(line.contains("times=21"), "{line}");
     let lines = std::fs::read_to_string(&stderr).unwrap();
     let failures = lines.matches("Client TLS handshake failed").count();
-    assert_eq!(failures, 1, "{lines}");
+    assert_eq!(failures, 2, "{lines}");
 }
 
 #[tokio::test]

@@ -162,11 +162,24 @@ async fn story(node: &str, delta_api: bool) -> (Vec<String>, Vec<String>) {
         // The tap's answer, once it has seen the NACK.
         let nack = tap_nack(&tap, node, short, "2").await;
         assert_eq!(nack["scope"], "unknown", "{short}: {nack}");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let runs = envoy_runs(&envoy).await;
-        let r = csds::fetch(&tap.admin).await;
-        let seen = csds::resources(csds::node(&r, node));
         let prefix = if t == EDS { "e" } else { "r" };
+        // Envoy's config_dump and the tap's CSDS, once they agree on what the tap claims runs.
+        let (runs, seen) = support::eventually_async(10, "Envoy and the tap to agree", || async {
+            let runs = envoy_runs(&envoy).await;
+            let r = csds::fetch(&tap.admin).await;
+            let seen = csds::resources(csds::node(&r, node));
+            let agree = NAMES.iter().all(|i| {
+                let name = format!("{prefix}{i}");
+                match seen.get(&(short.to_string(), name.clone())) {
+                    Some((version, _, Client::Acked | Client::Nacked, _)) => {
+                        runs.get(&name).copied() == Some(version.as_str())
+                    }
+                    _ => true,
+                }
+            });
+            agree.then_some((runs, seen))
+        })
+        .await;
         for i in NAMES {
             let name = format!("{prefix}{i}");
             let (version, _, client, _) = seen[&(short.to_string(), name.clone())].clone();

@@ -118,8 +118,6 @@ impl XdsTap {
             &options.upstream.to_string(),
             "--admin",
             "127.0.0.1:0",
-            "--event-queue",
-            "65536",
         ])
         .unwrap()
         .resolve()

@@ -1,0 +1,106 @@
+//! The event queue at its bound, with the default settings but a small queue: a sink that holds
+//! the sinks' thread (as a slow disk would) fills the queue; further events are dropped and
+//! counted (the tap's counter and `xdstap_dropped_events` agree), a real Envoy's pushes are
+//! forwarded and answered all the while, and once the sink lets go, events flow again.
+
+use crate::support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+use support::control_plane::ControlPlane;
+use support::envoy::{Envoy, Xds};
+use support::resources::Snapshot;
+use support::tap::XdsTap;
+use xdstap::config::Options;
+use xdstap::correlate::Event;
+
+/// A sink that waits at each event until the gate opens, counting what it is given.
+struct Held {
+    gate: Arc<(Mutex<bool>, Condvar)>,
+    seen: Arc<AtomicU64>,
+}
+
+impl xdstap::sinks::Sink for Held {
+    fn on_event(&mut self, _: &Event) {
+        let (open, opened) = &*self.gate;
+        let mut open = open.lock().unwrap();
+        while !*open {
+            open = opened.wait(open).unwrap();
+        }
+        self.seen.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_event_queue_drops_and_counts_and_forwarding_goes_on() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cp_addr = listener.local_addr().unwrap().to_string();
+    let cp = ControlPlane::new(Snapshot::standard("v0", 1000, 1000, 9));
+    let _server = cp.serve(listener);
+    let gate = Arc::new((Mutex::new(false), Condvar::new()));
+    let seen = Arc::new(AtomicU64::new(0));
+    let held = Held {
+        gate: gate.clone(),
+        seen: seen.clone(),
+    };
+    let config = Options::from_flags([
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        &cp_addr,
+        "--admin",
+        "127.0.0.1:0",
+        "--event-queue",
+        "16",
+    ])
+    .unwrap()
+    .resolve()
+    .unwrap();
+    let tap = XdsTap::with_config(config, vec![Box::new(held)]).await;
+    let envoy = Envoy::start("node-1", Xds::Tcp(tap.tap.addr.clone()), false).await;
+    envoy
+        .wait_stat("cluster_manager.cds.update_success", 1, 20)
+        .await;
+    // Twenty versions, each forwarded and accepted while the sinks' thread is held.
+    for i in 1..=20 {
+        cp.set(Snapshot::standard(&format!("v{i}"), 1000 + i, 1000, 9));
+        envoy
+            .wait_stat("cluster_manager.cds.update_success", i as u64 + 1, 20)
+            .await;
+    }
+    let dropped = xdstap::proxy::counter(&tap.stats.dropped_events);
+    assert!(dropped > 0, "the queue of 16 never filled");
+    assert_eq!(seen.load(Ordering::Relaxed), 0, "the sink was held");
+    let (code, text) = support::http_get(&tap.admin, "/metrics").await;
+    assert_eq!(code, 200);
+    let metrics = support::prom::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(
+        metrics.get("xdstap_dropped_events_total", &[]),
+        dropped as f64,
+        "the metric is the counter"
+    );
+
+    // Let go: the queued events arrive, and a new version's verdict with them.
+    *gate.0.lock().unwrap() = true;
+    gate.1.notify_all();
+    let before = seen.load(Ordering::Relaxed);
+    cp.set(Snapshot::standard("v21", 1021, 1000, 9));
+    support::eventually(20, "the verdict on v21", || {
+        (tap.verdicts().iter())
+            .any(|v| v.version == "v21" && v.verdict == xdstap::correlate::Verdict::Ack)
+            .then_some(())
+    })
+    .await;
+    support::eventually(10, "events flowing again", || {
+        (seen.load(Ordering::Relaxed) > before).then_some(())
+    })
+    .await;
+    assert_eq!(
+        xdstap::proxy::counter(&tap.stats.dropped_events),
+        dropped,
+        "nothing dropped once the sink keeps up"
+    );
+    drop(envoy);
+    tap.close().await;
+}

@@ -6,7 +6,7 @@
 //! value names.
 
 /// The tap's enum fields, and the serde module (in `src/api.rs`) that names their values.
-const ENUM_FIELDS: [(&str, &str); 4] = [
+const ENUM_FIELDS: [(&str, &str); 11] = [
     (
         ".xdstap.v1.NodeStatus.state",
         "crate::api::names::sync_state",
@@ -22,6 +22,25 @@ const ENUM_FIELDS: [(&str, &str); 4] = [
     (
         ".xdstap.v1.ResourceStatus.client",
         "crate::api::names::client",
+    ),
+    (".xdstap.v1.Nack.scope", "crate::api::names::nack_scope"),
+    (
+        ".xdstap.v1.NackGroup.scope",
+        "crate::api::names::nack_scope",
+    ),
+    (
+        ".xdstap.v1.RolloutNode.state",
+        "crate::api::names::standing",
+    ),
+    (".xdstap.v1.WatchEvent.kind", "crate::api::names::kind"),
+    (".xdstap.v1.WatchEvent.api", "crate::api::names::api"),
+    (
+        ".xdstap.v1.WatchEvent.nack_scope",
+        "crate::api::names::nack_scope",
+    ),
+    (
+        ".xdstap.v1.WatchRequest.kinds",
+        "crate::api::names::kind::list",
     ),
 ];
 

@@ -6,7 +6,7 @@
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use xdstap::correlate::{Correlator, StreamContext};
 use xdstap::grpc::{encode, Deframer, Part};
-use xdstap::xds::scan::{Kind, Scanner};
+use xdstap::xds::scan::{MessageKind, Scanner};
 use xdstap::xds::wire::bytes as field;
 use xdstap::xds::{Api, Interner, Message};
 
@@ -65,7 +65,7 @@ fn ack() -> Vec<u8> {
 
 fn run(
     wire: &[u8],
-    kind: Kind,
+    kind: MessageKind,
     interner: Option<&Arc<Interner>>,
     correlator: &mut Correlator,
     out: &mut Vec<xdstap::correlate::Event>,
@@ -103,14 +103,14 @@ fn bench(c: &mut Criterion) {
             let mut out = Vec::new();
             run(
                 &push,
-                Kind::Response(Api::Sotw),
+                MessageKind::Response(Api::Sotw),
                 None,
                 &mut correlator,
                 &mut out,
             );
             run(
                 &ack,
-                Kind::Request(Api::Sotw),
+                MessageKind::Request(Api::Sotw),
                 None,
                 &mut correlator,
                 &mut out,
@@ -125,7 +125,10 @@ fn bench(c: &mut Criterion) {
             let mut correlator = Correlator::new(Api::Sotw, StreamContext::default())
                 .with_interner(interner.clone());
             let mut out = Vec::new();
-            let sotw = (Kind::Response(Api::Sotw), Kind::Request(Api::Sotw));
+            let sotw = (
+                MessageKind::Response(Api::Sotw),
+                MessageKind::Request(Api::Sotw),
+            );
             run(&push, sotw.0, Some(&interner), &mut correlator, &mut out);
             run(&ack, sotw.1, Some(&interner), &mut correlator, &mut out);
             assert_eq!(out.len(), 2);

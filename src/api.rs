@@ -20,6 +20,26 @@ pub mod csds {
     tonic::include_proto!("envoy.service.status.v3");
 }
 
+/// A NACK message with its run-to-run noise taken out, as the API groups NACKs by it
+/// (`NackGroup`), on one tap and over several: Envoy's messages can embed a debug marker
+/// (`goo.gle/debugonly`, `goo.gle/debugproto`, ...) and varying spacing.
+pub fn group_key(message: &str) -> String {
+    message
+        .split_whitespace()
+        .filter(|w| !w.starts_with("goo.gle/debug"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Whether `type_url` is among `types` as the API's requests name types (short names such as
+/// `CDS`, or type URLs; none: all).
+pub fn type_wanted(types: &[String], type_url: &str) -> bool {
+    types.is_empty()
+        || types
+            .iter()
+            .any(|t| t == type_url || t.eq_ignore_ascii_case(crate::xds::short_type(type_url)))
+}
+
 impl tap::SyncState {
     /// As tables show it.
     pub fn label(self) -> &'static str {
@@ -45,6 +65,81 @@ impl tap::SyncState {
     }
 }
 
+impl tap::rollout_node::Standing {
+    /// As tables show it.
+    pub fn label(self) -> &'static str {
+        use tap::rollout_node::Standing;
+        match self {
+            Standing::Pending => "pending",
+            Standing::Acked => "acked",
+            Standing::Nacked => "nacked",
+            Standing::Partial => "partial",
+            Standing::Superseded => "superseded",
+            Standing::Unanswered => "unanswered",
+            Standing::Unspecified => "?",
+        }
+    }
+
+    /// It rejected the version or never answered it: it fails the rollout unless it has
+    /// accepted a newer version since.
+    pub fn missed(self) -> bool {
+        use tap::rollout_node::Standing;
+        matches!(
+            self,
+            Standing::Nacked | Standing::Partial | Standing::Unanswered
+        )
+    }
+}
+
+impl tap::NackScope {
+    /// As messages say it.
+    pub fn label(self) -> &'static str {
+        match self {
+            tap::NackScope::Whole => "whole",
+            tap::NackScope::Partial => "partial",
+            tap::NackScope::Unknown | tap::NackScope::Unspecified => "unknown",
+        }
+    }
+}
+
+impl From<crate::correlate::Scope> for tap::NackScope {
+    fn from(scope: crate::correlate::Scope) -> Self {
+        match scope {
+            crate::correlate::Scope::Whole => tap::NackScope::Whole,
+            crate::correlate::Scope::Partial => tap::NackScope::Partial,
+            crate::correlate::Scope::Unknown => tap::NackScope::Unknown,
+        }
+    }
+}
+
+impl tap::watch_event::Kind {
+    /// As lines and flags name it: `ack`, `stale-answer`.
+    pub fn label(self) -> &'static str {
+        use tap::watch_event::Kind;
+        match self {
+            Kind::Ack => "ack",
+            Kind::Nack => "nack",
+            Kind::Superseded => "superseded",
+            Kind::Unanswered => "unanswered",
+            Kind::Warming => "warming",
+            Kind::Resubscribe => "resubscribe",
+            Kind::StaleAnswer => "stale-answer",
+            Kind::NonceReused => "nonce-reused",
+            Kind::UnmatchedAnswer => "unmatched-answer",
+            Kind::Unspecified => "?",
+        }
+    }
+
+    /// The four verdicts on a push.
+    pub fn is_verdict(self) -> bool {
+        use tap::watch_event::Kind;
+        matches!(
+            self,
+            Kind::Ack | Kind::Nack | Kind::Superseded | Kind::Unanswered
+        )
+    }
+}
+
 /// serde for the enum fields of the tap's messages, which prost keeps as `i32`: written as the
 /// value's name in the proto, read from a name or a number (a number of no value is kept).
 pub mod names {
@@ -63,12 +158,6 @@ pub mod names {
                 /// A name or a number.
                 pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
                     use serde::de::Error;
-                    #[derive(serde::Deserialize)]
-                    #[serde(untagged)]
-                    enum Value {
-                        Name(String),
-                        Number(i32),
-                    }
                     match <Value as serde::Deserialize>::deserialize(d)? {
                         Value::Number(n) => Ok(n),
                         Value::Name(name) => <$enum>::from_str_name(&name)
@@ -76,17 +165,76 @@ pub mod names {
                             .ok_or_else(|| D::Error::custom(format!("unknown value {name:?}"))),
                     }
                 }
+
+                /// A repeated field of the enum, each value as one field of it.
+                pub mod list {
+                    /// The values' names.
+                    pub fn serialize<S: serde::Serializer>(
+                        v: &[i32],
+                        s: S,
+                    ) -> Result<S::Ok, S::Error> {
+                        use serde::ser::SerializeSeq;
+                        let mut seq = s.serialize_seq(Some(v.len()))?;
+                        for e in v {
+                            seq.serialize_element(&super::Named(*e))?;
+                        }
+                        seq.end()
+                    }
+
+                    /// Names or numbers.
+                    pub fn deserialize<'de, D: serde::Deserializer<'de>>(
+                        d: D,
+                    ) -> Result<Vec<i32>, D::Error> {
+                        use serde::de::Error;
+                        let values: Vec<super::Value> = serde::Deserialize::deserialize(d)?;
+                        (values.into_iter())
+                            .map(|v| match v {
+                                super::Value::Number(n) => Ok(n),
+                                super::Value::Name(name) => <$enum>::from_str_name(&name)
+                                    .map(|e| e as i32)
+                                    .ok_or_else(|| {
+                                        D::Error::custom(format!("unknown value {name:?}"))
+                                    }),
+                            })
+                            .collect()
+                    }
+                }
+
+                /// One value, written by name.
+                struct Named(i32);
+
+                impl serde::Serialize for Named {
+                    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                        serialize(&self.0, s)
+                    }
+                }
+
+                /// A value as JSON may give it.
+                #[derive(serde::Deserialize)]
+                #[serde(untagged)]
+                enum Value {
+                    Name(String),
+                    Number(i32),
+                }
             }
         )*};
     }
 
     by_name! {
         /// [`SyncState`](super::tap::SyncState).
-        sync_state: super::super::tap::SyncState;
+        sync_state: crate::api::tap::SyncState;
         /// [`ConfigStatus`](super::tap::resource_status::ConfigStatus).
-        config: super::super::tap::resource_status::ConfigStatus;
+        config: crate::api::tap::resource_status::ConfigStatus;
         /// [`ClientStatus`](super::tap::resource_status::ClientStatus).
-        client: super::super::tap::resource_status::ClientStatus;
+        client: crate::api::tap::resource_status::ClientStatus;
+        /// [`NackScope`](super::tap::NackScope).
+        nack_scope: crate::api::tap::NackScope;
+        /// [`Standing`](super::tap::rollout_node::Standing).
+        standing: crate::api::tap::rollout_node::Standing;
+        /// [`Kind`](super::tap::watch_event::Kind).
+        kind: crate::api::tap::watch_event::Kind;
+        /// [`Api`](super::tap::watch_event::Api).
+        api: crate::api::tap::watch_event::Api;
     }
 }
 

@@ -169,18 +169,19 @@ pub enum WatchKind {
 }
 
 impl WatchKind {
-    /// The API's name of the kind.
-    pub fn name(self) -> &'static str {
+    /// The API's kind.
+    pub fn kind(self) -> crate::api::tap::watch_event::Kind {
+        use crate::api::tap::watch_event::Kind;
         match self {
-            WatchKind::Ack => "ack",
-            WatchKind::Nack => "nack",
-            WatchKind::Superseded => "superseded",
-            WatchKind::Unanswered => "unanswered",
-            WatchKind::Warming => "warming",
-            WatchKind::Resubscribe => "resubscribe",
-            WatchKind::StaleAnswer => "stale-answer",
-            WatchKind::NonceReused => "nonce-reused",
-            WatchKind::UnmatchedAnswer => "unmatched-answer",
+            WatchKind::Ack => Kind::Ack,
+            WatchKind::Nack => Kind::Nack,
+            WatchKind::Superseded => Kind::Superseded,
+            WatchKind::Unanswered => Kind::Unanswered,
+            WatchKind::Warming => Kind::Warming,
+            WatchKind::Resubscribe => Kind::Resubscribe,
+            WatchKind::StaleAnswer => Kind::StaleAnswer,
+            WatchKind::NonceReused => Kind::NonceReused,
+            WatchKind::UnmatchedAnswer => Kind::UnmatchedAnswer,
         }
     }
 }

@@ -12,7 +12,7 @@ use crate::grpc::{Deframer, Part};
 use crate::sinks::{now, EventSender, TapStats};
 use crate::proxy::{Direction, Headers, Observe, Side, StreamEnd, StreamInfo, StreamObserver};
 use crate::xds::decode::{DecodeError, MessageDecoder};
-use crate::xds::scan::Kind;
+use crate::xds::scan::MessageKind;
 use crate::xds::{Interner, Message, Method};
 
 /// The xDS observer.
@@ -196,8 +196,8 @@ impl StreamObserver for XdsStream {
     fn on_data(&mut self, direction: Direction, chunk: &Bytes) {
         let api = self.method.api;
         let (half, kind) = match direction {
-            Direction::Request => (&mut self.request, Kind::Request(api)),
-            Direction::Response => (&mut self.response, Kind::Response(api)),
+            Direction::Request => (&mut self.request, MessageKind::Request(api)),
+            Direction::Response => (&mut self.response, MessageKind::Response(api)),
         };
         if half.broken {
             return;

@@ -4,7 +4,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use xdstap::xds::decode::MessageDecoder;
-use xdstap::xds::scan::Kind;
+use xdstap::xds::scan::MessageKind;
 use xdstap::xds::Api;
 
 fuzz_target!(|data: &[u8]| {
@@ -12,10 +12,10 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let kind = match data[0] & 3 {
-        0 => Kind::Request(Api::Sotw),
-        1 => Kind::Response(Api::Sotw),
-        2 => Kind::Request(Api::Delta),
-        _ => Kind::Response(Api::Delta),
+        0 => MessageKind::Request(Api::Sotw),
+        1 => MessageKind::Response(Api::Sotw),
+        2 => MessageKind::Request(Api::Delta),
+        _ => MessageKind::Response(Api::Delta),
     };
     let encoding = match (data[0] >> 2) & 3 {
         1 => Some("gzip"),

@@ -12,8 +12,9 @@ use tonic::{Request, Response, Status};
 use super::Admin;
 use crate::api::tap::{self, tap_server};
 use crate::correlate::Event;
-use crate::sinks::rollout::type_wanted;
+use crate::api::type_wanted;
 use crate::sinks::spans::TraceIds;
+use crate::api::tap::watch_event::Kind;
 use crate::sinks::watch::{kind, watched_event, SHOWN};
 
 /// The service over the admin's views.
@@ -49,11 +50,10 @@ impl tap_server::Tap for TapApi {
         request: Request<tap::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let filter = request.into_inner();
-        for k in &filter.kinds {
-            if !KINDS.contains(&k.as_str()) {
+        for &k in &filter.kinds {
+            if tap::watch_event::Kind::try_from(k).map_or(true, |k| k == Kind::Unspecified) {
                 return Err(Status::invalid_argument(format!(
-                    "unknown kind {k:?}: one of {}",
-                    KINDS.join(", ")
+                    "kinds: no kind numbered {k}"
                 )));
             }
         }
@@ -124,19 +124,6 @@ impl Drop for Seat {
     }
 }
 
-/// Every kind a watcher may ask for.
-const KINDS: [&str; 9] = [
-    "ack",
-    "nack",
-    "superseded",
-    "unanswered",
-    "warming",
-    "resubscribe",
-    "stale-answer",
-    "nonce-reused",
-    "unmatched-answer",
-];
-
 /// `event` as the watcher sees it, when its filter lets it through.
 fn watch_event(
     event: &Event,
@@ -147,7 +134,7 @@ fn watch_event(
     let kind = kind(event)?;
     let kind_wanted = match filter.kinds.is_empty() {
         true => SHOWN.contains(&kind),
-        false => filter.kinds.iter().any(|k| k == kind),
+        false => filter.kinds.contains(&(kind as i32)),
     };
     let context = event.context();
     let node = context.node.as_ref().map(|n| n.id.as_str()).unwrap_or("");

@@ -21,7 +21,8 @@ use tonic::body::Body;
 use super::api::Seat;
 use super::Admin;
 use crate::api::tap::WatchEvent;
-use crate::sinks::watch::{bounded, watched_event, VERDICTS};
+use crate::api::tap::watch_event::Kind;
+use crate::sinks::watch::{bounded, watched_event};
 
 const INDEX: &str = include_str!("page/index.html");
 const SCRIPT: &str = include_str!("page/page.js");
@@ -122,10 +123,10 @@ fn events(admin: &Admin) -> Response<Body> {
                 }
             };
             let kind = crate::sinks::watch::kind(&e);
-            if !kind.is_some_and(|k| VERDICTS.contains(&k)) {
+            if !kind.is_some_and(Kind::is_verdict) {
                 continue;
             }
-            let (list, cap) = match kind == Some("nack") {
+            let (list, cap) = match kind == Some(Kind::Nack) {
                 true => (&mut nacks, BATCH_NACKS),
                 false => (&mut others, BATCH_OTHERS),
             };

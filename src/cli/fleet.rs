@@ -14,7 +14,7 @@ use crate::api::tap::{
     NackGroup, NodeStatus, Rollout, RolloutNode, RolloutReport, StatusReport, TapAnswer,
 };
 use crate::proxy::Endpoint;
-use crate::sinks::rollout::Standing;
+use crate::api::tap::rollout_node::Standing;
 
 /// Nodes listed per list of a merged rollout (as a tap lists them).
 const LISTED: usize = 20;
@@ -280,9 +280,12 @@ pub fn status(answers: Vec<(String, StatusReport)>, taps: Vec<TapAnswer>) -> Sta
     merged
 }
 
-/// How a node stands, as a tap names it; an unknown name ranks with the accepted.
+/// How a node stands, as a tap says; a value this CLI does not know ranks with the accepted.
 fn standing(n: &RolloutNode) -> Standing {
-    Standing::from_label(&n.state).unwrap_or(Standing::Acked)
+    match n.state() {
+        Standing::Unspecified => Standing::Acked,
+        s => s,
+    }
 }
 
 /// One version of one type over the taps that pushed it: each node as its newest push left
@@ -355,7 +358,7 @@ fn version(v: Version) -> Rollout {
     for (n, group) in v.nodes.values() {
         let s = standing(n);
         match s {
-            Standing::Acked => r.acked += 1,
+            Standing::Acked | Standing::Unspecified => r.acked += 1,
             Standing::Nacked => r.nacked += 1,
             Standing::Partial => {
                 r.nacked += 1;
@@ -372,7 +375,7 @@ fn version(v: Version) -> Rollout {
             _ => behind.push(n),
         }
         if let Some(g) = group {
-            let key = crate::sinks::rollout::group_key(&g.message);
+            let key = crate::api::group_key(&g.message);
             let i = match groups.iter().position(|(k, _)| *k == key) {
                 Some(i) => i,
                 None => {
@@ -476,12 +479,12 @@ mod tests {
         assert_eq!(r.nodes[1].taps, ["A"]);
     }
 
-    fn seen(node: &str, state: &str, pushed_at: &str, group: u32) -> RolloutNode {
+    fn seen(node: &str, state: Standing, pushed_at: &str, group: u32) -> RolloutNode {
         RolloutNode {
             node: node.into(),
-            state: state.into(),
+            state: state as i32,
             pushed_at: pushed_at.into(),
-            latency_ms: (state != "pending").then_some(2.0),
+            latency_ms: (state != Standing::Pending).then_some(2.0),
             nack_group: group,
             ..Default::default()
         }
@@ -512,7 +515,7 @@ mod tests {
             rollouts: vec![version(
                 "v2",
                 "2",
-                vec![seen("n1", "nacked", "2026-01-01T00:00:02.000000Z", 1)],
+                vec![seen("n1", Standing::Nacked, "2026-01-01T00:00:02.000000Z", 1)],
                 "bad b goo.gle/debugonly",
             )],
             ..Default::default()
@@ -523,8 +526,8 @@ mod tests {
                     "v3",
                     "3",
                     vec![
-                        seen("n1", "acked", "2026-01-01T00:00:03.000000Z", 0),
-                        seen("n2", "pending", "2026-01-01T00:00:03.000000Z", 0),
+                        seen("n1", Standing::Acked, "2026-01-01T00:00:03.000000Z", 0),
+                        seen("n2", Standing::Pending, "2026-01-01T00:00:03.000000Z", 0),
                     ],
                     "",
                 ),
@@ -532,8 +535,8 @@ mod tests {
                     "v2",
                     "2",
                     vec![
-                        seen("n1", "nacked", "2026-01-01T00:00:02.500000Z", 1),
-                        seen("n2", "acked", "2026-01-01T00:00:02.000000Z", 0),
+                        seen("n1", Standing::Nacked, "2026-01-01T00:00:02.500000Z", 1),
+                        seen("n2", Standing::Acked, "2026-01-01T00:00:02.000000Z", 0),
                     ],
                     "bad b  goo.gle/debugstr",
                 ),

@@ -10,7 +10,9 @@ use super::fleet::{self, Fleet};
 use super::status::{age, landed, one_line};
 use super::{table, RolloutArgs};
 use crate::api::tap::{Rollout, RolloutReport, RolloutsRequest};
-use crate::sinks::rollout::type_wanted;
+use crate::api::tap::rollout_node::Standing;
+use crate::api::tap::NackScope;
+use crate::api::type_wanted;
 
 /// `xdstap rollout`.
 pub fn run(args: &RolloutArgs) -> ExitCode {
@@ -241,12 +243,13 @@ pub fn details(r: &Rollout, wide: bool) -> String {
         } else {
             String::new()
         };
-        let suspects = match g.suspects.is_empty() || g.scope == "partial" {
+        let partial = g.scope() == NackScope::Partial;
+        let suspects = match g.suspects.is_empty() || partial {
             true => String::new(),
             false => format!(" [suspects: {}]", g.suspects.join(", ")),
         };
-        let (how, landed) = match landed(&g.scope, &g.rejected, &g.applied) {
-            Some(l) if g.scope == "partial" => ("partly rejected", format!(" ({l})")),
+        let (how, landed) = match landed(g.scope(), &g.rejected, &g.applied) {
+            Some(l) if partial => ("partly rejected", format!(" ({l})")),
             Some(l) => ("rejected", format!(" ({l})")),
             None => ("rejected", String::new()),
         };
@@ -259,7 +262,7 @@ pub fn details(r: &Rollout, wide: bool) -> String {
         ));
     }
     let behind: Vec<_> = (r.behind.iter())
-        .filter(|n| wide || n.state != "superseded")
+        .filter(|n| wide || n.state() != Standing::Superseded)
         .collect();
     if behind.is_empty() {
         return out;
@@ -278,7 +281,7 @@ pub fn details(r: &Rollout, wide: bool) -> String {
     for n in behind {
         let mut row = vec![
             format!("  {}", n.node),
-            n.state.clone(),
+            n.state().label().to_string(),
             n.running.clone().unwrap_or_else(|| "-".into()),
             age(n.waiting_seconds),
             match n.waiting_for.is_empty() {

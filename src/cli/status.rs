@@ -8,7 +8,9 @@ use std::process::ExitCode;
 use super::client::{block_on, AdminClient, AskError};
 use super::fleet::{self, Fleet};
 use super::{table, StatusArgs, EX_NO_NODE};
-use crate::api::tap::{NodeStatus, StatusReport, StatusRequest, SyncState, TypeStatus};
+use crate::api::tap::{
+    NackScope, NodeStatus, StatusReport, StatusRequest, SyncState, TypeStatus,
+};
 
 /// `xdstap status`: fetch, print, and say by the exit status whether anything needs attention.
 pub fn run(args: &StatusArgs) -> ExitCode {
@@ -208,7 +210,7 @@ fn cell(t: Option<&TypeStatus>, wide: bool) -> String {
     let Some(t) = t else {
         return "IGNORED".into();
     };
-    let partial = t.nack.as_ref().is_some_and(|n| n.scope == "partial");
+    let partial = t.nack.as_ref().is_some_and(|n| n.scope() == NackScope::Partial);
     let mut label = match t.state() {
         SyncState::Nacked if partial => "PARTIAL".to_string(),
         s => s.label().to_string(),
@@ -274,19 +276,19 @@ pub fn one_line(message: &str, full: bool) -> String {
 
 /// What of a NACKed push landed, in words: `b rejected; a, c applied` for a partial NACK, a
 /// warning for an unknown scope, nothing for a whole rejection.
-pub fn landed(scope: &str, rejected: &[String], applied: &[String]) -> Option<String> {
+pub fn landed(scope: NackScope, rejected: &[String], applied: &[String]) -> Option<String> {
     match scope {
-        "partial" if applied.is_empty() => Some(format!(
+        NackScope::Partial if applied.is_empty() => Some(format!(
             "{} rejected; nothing else changed",
             rejected.join(", ")
         )),
-        "partial" => Some(format!(
+        NackScope::Partial => Some(format!(
             "{} rejected; {} applied",
             rejected.join(", "),
             applied.join(", ")
         )),
-        "unknown" => Some("what of it landed is not known".into()),
-        _ => None,
+        NackScope::Unknown => Some("what of it landed is not known".into()),
+        NackScope::Whole | NackScope::Unspecified => None,
     }
 }
 
@@ -389,14 +391,15 @@ fn reasons(report: &StatusReport, wide: bool) -> Vec<String> {
             match t.state() {
                 SyncState::Nacked => {
                     let Some(nack) = &t.nack else { continue };
-                    let suspects = if nack.suspects.is_empty() || nack.scope == "partial" {
+                    let partial = nack.scope() == NackScope::Partial;
+                    let suspects = if nack.suspects.is_empty() || partial {
                         String::new()
                     } else {
                         format!(" [suspects: {}]", nack.suspects.join(", "))
                     };
                     let running = t.version_accepted.as_deref().unwrap_or("nothing");
-                    let what = match landed(&nack.scope, &nack.rejected, &nack.applied) {
-                        Some(l) if nack.scope == "partial" => {
+                    let what = match landed(nack.scope(), &nack.rejected, &nack.applied) {
+                        Some(l) if partial => {
                             format!("{} partly: {l}", nack.version)
                         }
                         Some(l) => format!("rejected {} ({l}), running {running}", nack.version),

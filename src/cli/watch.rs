@@ -8,7 +8,8 @@ use super::client::{block_on, AdminClient};
 use super::fleet::{self, Fleet};
 use super::status::{landed, one_line};
 use super::{Output, WatchArgs, EX_PARTIAL, EX_UNAVAILABLE};
-use crate::api::tap::{WatchEvent, WatchRequest};
+use crate::api::tap::watch_event::Kind;
+use crate::api::tap::{NackScope, WatchEvent, WatchRequest};
 
 /// `xdstap watch`.
 pub fn run(args: &WatchArgs) -> ExitCode {
@@ -56,7 +57,7 @@ async fn watch(args: &WatchArgs) -> ExitCode {
     let request = WatchRequest {
         node: args.node.clone().unwrap_or_default(),
         types: args.types.clone(),
-        kinds: args.verdicts.iter().map(|k| k.name().to_string()).collect(),
+        kinds: args.verdicts.iter().map(|k| k.kind() as i32).collect(),
     };
     let answers = (taps.ask(move |mut tap| {
         let request = request.clone();
@@ -131,29 +132,31 @@ async fn watch(args: &WatchArgs) -> ExitCode {
 
 /// One event on one line: time, node, type, kind, version, and what matters for the kind.
 pub fn line(e: &WatchEvent, wide: bool) -> String {
+    let kind = e.kind();
     let mut s = format!(
         "{}  {}  {}  {}  {}",
         e.time,
         e.node,
         e.r#type,
-        e.kind.to_uppercase(),
+        kind.label().to_uppercase(),
         e.version
     );
     let add = |s: &mut String, part: String| {
         s.push_str("  ");
         s.push_str(&part);
     };
-    if matches!(e.kind.as_str(), "ack" | "nack") {
+    if matches!(kind, Kind::Ack | Kind::Nack) {
         add(&mut s, format!("{:.0}ms", e.latency_ms));
     }
-    if e.kind == "nack" {
-        match landed(&e.nack_scope, &e.rejected, &e.applied) {
-            Some(l) if e.nack_scope == "partial" => add(&mut s, l),
+    let partial = e.nack_scope() == NackScope::Partial;
+    if kind == Kind::Nack {
+        match landed(e.nack_scope(), &e.rejected, &e.applied) {
+            Some(l) if partial => add(&mut s, l),
             Some(l) => add(&mut s, format!("{l}, {}", running(&e.client_version))),
             None => add(&mut s, running(&e.client_version)),
         }
         add(&mut s, one_line(&e.error_message, wide));
-        if !e.suspects.is_empty() && e.nack_scope != "partial" {
+        if !e.suspects.is_empty() && !partial {
             add(&mut s, format!("[suspects: {}]", e.suspects.join(", ")));
         }
     }
@@ -170,10 +173,10 @@ pub fn line(e: &WatchEvent, wide: bool) -> String {
         add(&mut s, e.end_message.clone());
     }
     // A NACK waits for nothing: what it names are the endpoints the push would have needed.
-    match (e.kind.as_str(), e.waiting_for.is_empty()) {
-        ("warming", true) => add(&mut s, "every cluster has its endpoints".into()),
-        ("nack", false) => {}
-        ("ack", false) => add(
+    match (kind, e.waiting_for.is_empty()) {
+        (Kind::Warming, true) => add(&mut s, "every cluster has its endpoints".into()),
+        (Kind::Nack, false) => {}
+        (Kind::Ack, false) => add(
             &mut s,
             format!(
                 "after the fetch timeout, without endpoints of {}",
@@ -187,12 +190,12 @@ pub fn line(e: &WatchEvent, wide: bool) -> String {
         ),
         _ => {}
     }
-    if e.kind == "resubscribe" {
+    if kind == Kind::Resubscribe {
         add(&mut s, stated(e));
     }
     if matches!(
-        e.kind.as_str(),
-        "stale-answer" | "nonce-reused" | "unmatched-answer"
+        kind,
+        Kind::StaleAnswer | Kind::NonceReused | Kind::UnmatchedAnswer
     ) {
         add(&mut s, format!("nonce {}", e.nonce));
     }
@@ -233,7 +236,7 @@ mod tests {
             time: "2026-12-01T10:00:00.1Z".into(),
             node: "envoy-3".into(),
             r#type: "CDS".into(),
-            kind: "nack".into(),
+            kind: Kind::Nack as i32,
             version: "v2".into(),
             latency_ms: 1.6,
             client_version: "v1".into(),
@@ -254,7 +257,7 @@ mod tests {
     #[test]
     fn a_nack_neither_waits_nor_runs_nothing() {
         let e = WatchEvent {
-            kind: "nack".into(),
+            kind: Kind::Nack as i32,
             version: "v2".into(),
             error_message: "bad".into(),
             waiting_for: vec!["backend".into()],
@@ -263,13 +266,13 @@ mod tests {
         let l = line(&e, false);
         assert!(!l.contains("waiting for") && l.contains("running what it ran before"), "{l}");
         let late = WatchEvent {
-            kind: "ack".into(),
+            kind: Kind::Ack as i32,
             ..e.clone()
         };
         assert!(line(&late, false).contains("after the fetch timeout, without endpoints of backend"));
         // A push replaced while its clusters waited did wait.
         let replaced = WatchEvent {
-            kind: "superseded".into(),
+            kind: Kind::Superseded as i32,
             ..e
         };
         assert!(line(&replaced, false).contains("waiting for endpoints of backend"));
@@ -280,12 +283,12 @@ mod tests {
         let e = WatchEvent {
             node: "envoy-1".into(),
             r#type: "CDS".into(),
-            kind: "nack".into(),
+            kind: Kind::Nack as i32,
             version: "2".into(),
             client_version: "1".into(),
             error_message: "Error adding/updating cluster(s) b: malformed IP address".into(),
             suspects: vec!["b".into()],
-            nack_scope: "partial".into(),
+            nack_scope: NackScope::Partial as i32,
             rejected: vec!["b".into()],
             applied: vec!["a".into(), "c".into()],
             ..Default::default()
@@ -296,6 +299,6 @@ mod tests {
             "{l}"
         );
         assert!(!l.contains("running"), "{l}");
-        assert_eq!(serde_json::to_value(&e).unwrap()["nack_scope"], "partial");
+        assert_eq!(serde_json::to_value(&e).unwrap()["nack_scope"], "PARTIAL");
     }
 }

@@ -23,17 +23,17 @@ pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// A frame type (RFC 9113 §6); the ones the reader does not read into are passed over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Kind(u8);
+struct FrameType(u8);
 
-const DATA: Kind = Kind(0x0);
-const HEADERS: Kind = Kind(0x1);
-const RST_STREAM: Kind = Kind(0x3);
-const SETTINGS: Kind = Kind(0x4);
-const PUSH_PROMISE: Kind = Kind(0x5);
-const GOAWAY: Kind = Kind(0x7);
-const CONTINUATION: Kind = Kind(0x9);
+const DATA: FrameType = FrameType(0x0);
+const HEADERS: FrameType = FrameType(0x1);
+const RST_STREAM: FrameType = FrameType(0x3);
+const SETTINGS: FrameType = FrameType(0x4);
+const PUSH_PROMISE: FrameType = FrameType(0x5);
+const GOAWAY: FrameType = FrameType(0x7);
+const CONTINUATION: FrameType = FrameType(0x9);
 
-impl Kind {
+impl FrameType {
     /// Its name in RFC 9113, for the types the reader knows.
     fn name(self) -> &'static str {
         match self {
@@ -49,8 +49,8 @@ impl Kind {
     }
 }
 
-impl From<Kind> for u8 {
-    fn from(k: Kind) -> u8 {
+impl From<FrameType> for u8 {
+    fn from(k: FrameType) -> u8 {
         k.0
     }
 }
@@ -154,7 +154,7 @@ impl Broken {
 #[derive(Clone, Copy, Debug)]
 struct Head {
     len: u32,
-    kind: Kind,
+    kind: FrameType,
     flags: u8,
     stream: StreamId,
 }
@@ -163,7 +163,7 @@ impl Head {
     fn parse(b: &[u8; 9]) -> Head {
         Head {
             len: u32::from_be_bytes([0, b[0], b[1], b[2]]),
-            kind: Kind(b[3]),
+            kind: FrameType(b[3]),
             flags: b[4],
             stream: StreamId(u32::from_be_bytes([b[5], b[6], b[7], b[8]]) & 0x7fff_ffff),
         }
@@ -719,7 +719,7 @@ mod tests {
             // Well formed: payloads fit their flags; a header block is never interrupted.
             let mut wire = Vec::new();
             for (kind, flags, stream, payload) in frames {
-                let (kind, mut flags, mut payload) = (Kind(kind), flags, payload);
+                let (kind, mut flags, mut payload) = (FrameType(kind), flags, payload);
                 match kind {
                     HEADERS | PUSH_PROMISE => flags |= END_HEADERS,
                     CONTINUATION => continue,

@@ -222,7 +222,7 @@ impl TypeEntry {
                     suspects: suspects.iter().take(NAMES_CAP).cloned().collect(),
                     version: push.version.clone(),
                     since: rfc3339(since),
-                    scope: scope.as_str().to_string(),
+                    scope: crate::api::tap::NackScope::from(*scope) as i32,
                     rejected: (rejected.iter().take(NAMES_CAP))
                         .map(|r| r.name.clone())
                         .collect(),

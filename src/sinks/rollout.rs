@@ -14,6 +14,7 @@ use super::record::rfc3339;
 use crate::api::tap::{self, RolloutReport};
 use super::Sink;
 use crate::correlate::{Event, Scope, Timestamp, Verdict};
+use crate::api::{group_key, type_wanted};
 use crate::xds::short_type;
 
 /// NACK messages told apart per rollout; past it the rest share one group.
@@ -44,60 +45,8 @@ impl Default for RolloutSettings {
     }
 }
 
-/// Where one node stands with one version, worst first (the order nodes behind a version are
-/// listed in).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Standing {
-    /// It rejected the version.
-    Nacked,
-    /// NACKed in part: it runs the rest of the version.
-    Partial,
-    /// Its stream ended before it answered.
-    Unanswered,
-    /// Still to answer.
-    Pending,
-    /// A newer push replaced it before the node answered.
-    Superseded,
-    /// It accepted it.
-    Acked,
-}
-
-impl Standing {
-    const ALL: [Standing; 6] = [
-        Standing::Nacked,
-        Standing::Partial,
-        Standing::Unanswered,
-        Standing::Pending,
-        Standing::Superseded,
-        Standing::Acked,
-    ];
-
-    /// As the reports name it (`RolloutNode.state`).
-    pub fn label(self) -> &'static str {
-        match self {
-            Standing::Pending => "pending",
-            Standing::Acked => "acked",
-            Standing::Nacked => "nacked",
-            Standing::Partial => "partial",
-            Standing::Superseded => "superseded",
-            Standing::Unanswered => "unanswered",
-        }
-    }
-
-    /// The standing a report names.
-    pub fn from_label(label: &str) -> Option<Standing> {
-        Standing::ALL.into_iter().find(|s| s.label() == label)
-    }
-
-    /// It rejected the version or never answered it: it fails the rollout unless it has
-    /// accepted a newer version since.
-    pub fn missed(self) -> bool {
-        matches!(
-            self,
-            Standing::Nacked | Standing::Partial | Standing::Unanswered
-        )
-    }
-}
+/// Where one node stands with one version, worst first: the API's own.
+pub use crate::api::tap::rollout_node::Standing;
 
 /// One node's entry in one rollout.
 #[derive(Clone, Copy, Debug)]
@@ -169,24 +118,6 @@ struct Book {
 pub struct Rollouts {
     inner: Arc<Mutex<Book>>,
     settings: RolloutSettings,
-}
-
-/// A message with its run-to-run noise taken out, to group NACKs by: Envoy's messages can embed
-/// a debug marker (`goo.gle/debugonly`, `goo.gle/debugproto`, ...) and varying spacing.
-pub fn group_key(message: &str) -> String {
-    message
-        .split_whitespace()
-        .filter(|w| !w.starts_with("goo.gle/debug"))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// Whether `type_url` is among `types` (short names such as `CDS`, or type URLs; none: all).
-pub fn type_wanted(types: &[String], type_url: &str) -> bool {
-    types.is_empty()
-        || types
-            .iter()
-            .any(|t| t == type_url || t.eq_ignore_ascii_case(short_type(type_url)))
 }
 
 impl Book {
@@ -569,7 +500,7 @@ impl Progress {
                     nodes: g.nodes,
                     examples: g.examples.iter().map(|e| e.to_string()).collect(),
                     suspects: g.suspects.clone(),
-                    scope: g.scope.as_str().to_string(),
+                    scope: tap::NackScope::from(g.scope) as i32,
                     rejected: g.rejected.clone(),
                     applied: g.applied.clone(),
                 })
@@ -626,7 +557,7 @@ impl Progress {
             .filter(|w| e.standing == Standing::Pending && *w.version == *self.version);
         tap::RolloutNode {
             node: id.to_string(),
-            state: e.standing.label().into(),
+            state: e.standing as i32,
             running: book.running(id, &self.type_url).map(String::from),
             pushed_at: rfc3339(e.pushed_at),
             waiting_seconds: now.saturating_sub(e.pushed_at) as f64 / 1e9,

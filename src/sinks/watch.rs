@@ -13,6 +13,7 @@ use tokio::sync::broadcast;
 use super::record::{rfc3339, NAMES_CAP};
 use super::spans::TraceIds;
 use super::Sink;
+use crate::api::tap::watch_event::{self, Kind};
 use crate::api::tap::WatchEvent;
 use crate::correlate::{Event, Verdict};
 use crate::xds::short_type;
@@ -24,11 +25,14 @@ pub const RECENT: usize = 256;
 /// The most of a message a kept or paged verdict holds (the whole one is in `/status`).
 pub const MESSAGE_CAP: usize = 4096;
 
-/// The verdicts: what the page keeps and shows.
-pub const VERDICTS: [&str; 4] = ["ack", "nack", "superseded", "unanswered"];
-
 /// What a watcher sees unless told which: the verdicts, and clients reconnecting.
-pub const SHOWN: [&str; 5] = ["ack", "nack", "superseded", "unanswered", "resubscribe"];
+pub const SHOWN: [Kind; 5] = [
+    Kind::Ack,
+    Kind::Nack,
+    Kind::Superseded,
+    Kind::Unanswered,
+    Kind::Resubscribe,
+];
 
 /// The broadcast end, and the recent verdicts; cheap to clone.
 #[derive(Clone)]
@@ -82,14 +86,19 @@ pub fn watched(event: &Event) -> bool {
 }
 
 /// The kind of a watched event, as the API names it.
-pub fn kind(event: &Event) -> Option<&'static str> {
+pub fn kind(event: &Event) -> Option<Kind> {
     Some(match event {
-        Event::Verdict { verdict, .. } => verdict.name(),
-        Event::Warming { .. } => "warming",
-        Event::Resubscribe { .. } => "resubscribe",
-        Event::StaleAnswer { .. } => "stale-answer",
-        Event::NonceReused { .. } => "nonce-reused",
-        Event::UnmatchedAnswer { .. } => "unmatched-answer",
+        Event::Verdict { verdict, .. } => match verdict {
+            Verdict::Ack => Kind::Ack,
+            Verdict::Nack { .. } => Kind::Nack,
+            Verdict::Superseded { .. } => Kind::Superseded,
+            Verdict::Unanswered { .. } => Kind::Unanswered,
+        },
+        Event::Warming { .. } => Kind::Warming,
+        Event::Resubscribe { .. } => Kind::Resubscribe,
+        Event::StaleAnswer { .. } => Kind::StaleAnswer,
+        Event::NonceReused { .. } => Kind::NonceReused,
+        Event::UnmatchedAnswer { .. } => Kind::UnmatchedAnswer,
         _ => return None,
     })
 }
@@ -105,10 +114,12 @@ pub fn watched_event(event: &Event, traces: Option<&TraceIds>) -> Option<WatchEv
         node: node.to_string(),
         r#type: short_type(&context.type_url).to_string(),
         type_url: context.type_url.clone(),
-        kind: kind.to_string(),
-        api: (context.stream.api)
-            .map(|a| a.as_str().to_string())
-            .unwrap_or_default(),
+        kind: kind as i32,
+        api: match context.stream.api {
+            Some(crate::xds::Api::Sotw) => watch_event::Api::Sotw as i32,
+            Some(crate::xds::Api::Delta) => watch_event::Api::Delta as i32,
+            None => watch_event::Api::Unspecified as i32,
+        },
         stream: context.stream.stream_id,
         ..Default::default()
     };
@@ -143,7 +154,7 @@ pub fn watched_event(event: &Event, traces: Option<&TraceIds>) -> Option<WatchEv
                 } => {
                     w.error_message = error.message.clone();
                     w.suspects = suspects.clone();
-                    w.nack_scope = scope.as_str().to_string();
+                    w.nack_scope = crate::api::tap::NackScope::from(*scope) as i32;
                     w.rejected = rejected.iter().map(|r| r.name.clone()).collect();
                     w.applied = applied.clone();
                 }

@@ -80,7 +80,7 @@ fn check_story(summary: &serde_json::Value, events: &[serde_json::Value]) {
         assert_eq!(t["version_accepted"], "v6", "{t}");
         match t["type"].as_str().unwrap() {
             "CDS" => {
-                assert_eq!(t["nack"]["scope"], "partial", "{t}");
+                assert_eq!(t["nack"]["scope"], "PARTIAL", "{t}");
                 assert_eq!(t["nack"]["rejected"], serde_json::json!(["b"]), "{t}");
             }
             _ => assert_eq!(t["state"], "SYNCED", "{t}"),

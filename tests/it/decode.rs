@@ -13,10 +13,10 @@ use envoy_types::pb::google::rpc::Status;
 use prost::Message as _;
 use support::resources::{self, CDS};
 use xdstap::xds::decode::{DecodeError, MessageDecoder};
-use xdstap::xds::scan::{Kind, Scanner};
+use xdstap::xds::scan::{MessageKind, Scanner};
 use xdstap::xds::{Api, Interner, Message};
 
-fn scan_split(kind: Kind, bytes: &[u8], cut: usize) -> Message {
+fn scan_split(kind: MessageKind, bytes: &[u8], cut: usize) -> Message {
     let mut s = Scanner::new(kind, Some(bytes.len() as u64));
     let (a, b) = bytes.split_at(cut);
     s.feed(a);
@@ -40,7 +40,7 @@ fn sotw_response() -> DiscoveryResponse {
 #[test]
 fn sotw_response_at_every_split() {
     let bytes = sotw_response().encode_to_vec();
-    let whole = scan_split(Kind::Response(Api::Sotw), &bytes, 0);
+    let whole = scan_split(MessageKind::Response(Api::Sotw), &bytes, 0);
     let Message::Response(r) = &whole else {
         panic!()
     };
@@ -60,14 +60,14 @@ fn sotw_response_at_every_split() {
     );
     for cut in 0..=bytes.len() {
         assert_eq!(
-            scan_split(Kind::Response(Api::Sotw), &bytes, cut),
+            scan_split(MessageKind::Response(Api::Sotw), &bytes, cut),
             whole,
             "cut at {cut}"
         );
     }
     // Pieces of every size from one byte up: digests streamed over many pieces agree too.
     for size in 1..64 {
-        let mut s = Scanner::new(Kind::Response(Api::Sotw), Some(bytes.len() as u64));
+        let mut s = Scanner::new(MessageKind::Response(Api::Sotw), Some(bytes.len() as u64));
         for piece in bytes.chunks(size) {
             s.feed(piece);
         }
@@ -108,7 +108,7 @@ fn sotw_request_with_node_and_error_detail() {
     };
     let bytes = req.encode_to_vec();
     for cut in 0..=bytes.len() {
-        let Message::Request(r) = scan_split(Kind::Request(Api::Sotw), &bytes, cut) else {
+        let Message::Request(r) = scan_split(MessageKind::Request(Api::Sotw), &bytes, cut) else {
             panic!()
         };
         assert_eq!(r.version_info, "v1");
@@ -151,7 +151,8 @@ fn resource_wrappers_in_sotw_and_delta() {
         nonce: "n".into(),
         ..Default::default()
     };
-    let Message::Response(r) = scan_split(Kind::Response(Api::Sotw), &sotw.encode_to_vec(), 3)
+    let Message::Response(r) =
+        scan_split(MessageKind::Response(Api::Sotw), &sotw.encode_to_vec(), 3)
     else {
         panic!()
     };
@@ -171,8 +172,11 @@ fn resource_wrappers_in_sotw_and_delta() {
         removed_resources: vec!["gone".into()],
         ..Default::default()
     };
-    let Message::Response(r) = scan_split(Kind::Response(Api::Delta), &delta.encode_to_vec(), 10)
-    else {
+    let Message::Response(r) = scan_split(
+        MessageKind::Response(Api::Delta),
+        &delta.encode_to_vec(),
+        10,
+    ) else {
         panic!()
     };
     assert_eq!(
@@ -190,7 +194,8 @@ fn resource_wrappers_in_sotw_and_delta() {
         response_nonce: "d1".into(),
         ..Default::default()
     };
-    let Message::Request(r) = scan_split(Kind::Request(Api::Delta), &dreq.encode_to_vec(), 5)
+    let Message::Request(r) =
+        scan_split(MessageKind::Request(Api::Delta), &dreq.encode_to_vec(), 5)
     else {
         panic!()
     };
@@ -211,7 +216,7 @@ fn gzip_limit_and_bad_input() {
     gz.write_all(&bytes).unwrap();
     let gz = gz.finish().unwrap();
     let mut d = MessageDecoder::new(
-        Kind::Response(Api::Sotw),
+        MessageKind::Response(Api::Sotw),
         gz.len() as u32,
         true,
         Some("gzip"),
@@ -225,11 +230,17 @@ fn gzip_limit_and_bad_input() {
     };
     assert_eq!(r.nonce, "nonce-7f3a");
 
-    let d = MessageDecoder::new(Kind::Response(Api::Sotw), 10, true, Some("snappy"), 1 << 20);
+    let d = MessageDecoder::new(
+        MessageKind::Response(Api::Sotw),
+        10,
+        true,
+        Some("snappy"),
+        1 << 20,
+    );
     assert!(matches!(d.finish(), Err(DecodeError::Encoding(_))));
 
     let mut d = MessageDecoder::new(
-        Kind::Response(Api::Sotw),
+        MessageKind::Response(Api::Sotw),
         bytes.len() as u32,
         false,
         None,
@@ -238,12 +249,12 @@ fn gzip_limit_and_bad_input() {
     d.feed(&bytes);
     assert!(matches!(d.finish(), Err(DecodeError::TooLarge { .. })));
 
-    let mut d = MessageDecoder::new(Kind::Response(Api::Sotw), 4, false, None, 1 << 20);
+    let mut d = MessageDecoder::new(MessageKind::Response(Api::Sotw), 4, false, None, 1 << 20);
     d.feed(&[0x0f, 0xff, 0xff, 0xff]); // wire type 7
     assert!(matches!(d.finish(), Err(DecodeError::Protobuf(_))));
 
     // A length running past the message.
-    let mut d = MessageDecoder::new(Kind::Response(Api::Sotw), 3, false, None, 1 << 20);
+    let mut d = MessageDecoder::new(MessageKind::Response(Api::Sotw), 3, false, None, 1 << 20);
     d.feed(&[0x0a, 0x7f, 0x41]);
     assert!(d.finish().is_err());
 }
@@ -275,7 +286,7 @@ fn clusters_fed_by_eds_at_every_split() {
     };
     let bytes = resp.encode_to_vec();
     for cut in 0..=bytes.len() {
-        let Message::Response(r) = scan_split(Kind::Response(Api::Sotw), &bytes, cut) else {
+        let Message::Response(r) = scan_split(MessageKind::Response(Api::Sotw), &bytes, cut) else {
             panic!()
         };
         let eds: Vec<(String, bool, Option<String>)> = r
@@ -350,7 +361,7 @@ fn resource_errors_in_both_apis() {
     .encode_to_vec();
     for (api, bytes) in [(Api::Sotw, sotw), (Api::Delta, delta)] {
         for cut in 0..=bytes.len() {
-            let Message::Response(r) = scan_split(Kind::Response(api), &bytes, cut) else {
+            let Message::Response(r) = scan_split(MessageKind::Response(api), &bytes, cut) else {
                 panic!()
             };
             let seen: Vec<(&str, i32, &str)> = (r.resource_errors.iter())
@@ -424,7 +435,7 @@ fn wrapper_ttls_and_heartbeats_in_both_apis() {
     .encode_to_vec();
     for (api, bytes) in [(Api::Sotw, sotw), (Api::Delta, delta)] {
         for cut in 0..=bytes.len() {
-            let Message::Response(r) = scan_split(Kind::Response(api), &bytes, cut) else {
+            let Message::Response(r) = scan_split(MessageKind::Response(api), &bytes, cut) else {
                 panic!()
             };
             let seen: Vec<(String, Option<u32>, bool)> = (r.resources.iter())
@@ -481,7 +492,7 @@ fn listener_needs_at_every_split() {
         (Api::Delta, delta.encode_to_vec()),
     ] {
         for cut in 0..=bytes.len() {
-            let Message::Response(r) = scan_split(Kind::Response(api), &bytes, cut) else {
+            let Message::Response(r) = scan_split(MessageKind::Response(api), &bytes, cut) else {
                 panic!()
             };
             let needs: Vec<Vec<(Needs, String)>> = (0..r.resources.len())
@@ -510,20 +521,25 @@ fn listener_needs_at_every_split() {
         ..Default::default()
     }
     .encode_to_vec();
-    let Message::Response(r) = scan_split(Kind::Response(Api::Sotw), &routes, 0) else {
+    let Message::Response(r) = scan_split(MessageKind::Response(Api::Sotw), &routes, 0) else {
         panic!()
     };
     assert!(!r.resources.has_needs());
 }
 
 /// What a push decodes to whole, without any sharing.
-fn plain(kind: Kind, bytes: &[u8]) -> Message {
+fn plain(kind: MessageKind, bytes: &[u8]) -> Message {
     scan_split(kind, bytes, 0)
 }
 
 /// `bytes` read by a scanner sharing `interner` (as every stream of a tap does), in pieces of
 /// `size` bytes.
-fn shared(kind: Kind, bytes: &[u8], size: usize, interner: &std::sync::Arc<Interner>) -> Message {
+fn shared(
+    kind: MessageKind,
+    bytes: &[u8],
+    size: usize,
+    interner: &std::sync::Arc<Interner>,
+) -> Message {
     let mut s = Scanner::new(kind, Some(bytes.len() as u64));
     s.set_interner(interner.clone());
     for piece in bytes.chunks(size.max(1)) {
@@ -601,7 +617,7 @@ fn a_fleets_streams_read_a_push_as_the_first_one_did() {
         (Api::Sotw, &sotw as &dyn Fn(Vec<Any>) -> Vec<u8>),
         (Api::Delta, &delta),
     ] {
-        let kind = Kind::Response(api);
+        let kind = MessageKind::Response(api);
         let interner = std::sync::Arc::new(Interner::default());
         let first = encode(resources(1, N, None));
         let want = plain(kind, &first);

@@ -288,7 +288,7 @@ async fn two_taps_answer_as_one_and_a_stopped_one_is_named() {
     let expect = |n: &str, t: &str| {
         (
             n.to_string(),
-            "ack".to_string(),
+            "ACK".to_string(),
             "v3".to_string(),
             t.to_string(),
         )

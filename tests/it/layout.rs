@@ -277,11 +277,12 @@ fn proto_types(proto: &str) -> BTreeSet<String> {
     out
 }
 
-/// Types in `files` named as a message or enum of the tap's proto: a hand-kept copy of the
+/// Types in the tap's `files` named as a message or enum of its proto: a hand-kept copy of the
 /// schema (the reports are the generated messages, `build.rs` derives their JSON).
 fn schema_copies(files: &[Source], proto: &BTreeSet<String>) -> Vec<String> {
     let mut out = Vec::new();
-    for f in files {
+    // The core cannot see the API: its types are what the API reports on, not copies.
+    for f in files.iter().filter(|f| f.root == "src") {
         for line in f.code.lines().map(str::trim) {
             let line = line.strip_prefix("pub ").unwrap_or(line);
             let line = line.strip_prefix("pub(crate) ").unwrap_or(line);

@@ -331,7 +331,7 @@ async fn clusters_a_nack_leaves_the_valid_part_running() {
         }
         let t = status_of(&tap, node, "CDS").await;
         assert_eq!(t["state"], "NACKED", "{t}");
-        assert_eq!(t["nack"]["scope"], "partial", "{t}");
+        assert_eq!(t["nack"]["scope"], "PARTIAL", "{t}");
         assert_eq!(t["nack"]["rejected"], serde_json::json!(["b"]), "{t}");
         assert_eq!(t["nack"]["applied"], serde_json::json!(["a", "c"]), "{t}");
         // One node's resources over HTTP: what CSDS says, as JSON.
@@ -434,7 +434,7 @@ async fn clusters_a_nack_leaves_the_valid_part_running() {
     .await;
     for (node, _) in NODES {
         let t = status_of(&tap, node, "CDS").await;
-        assert_eq!(t["nack"]["scope"], "whole", "{node}: {t}");
+        assert_eq!(t["nack"]["scope"], "WHOLE", "{node}: {t}");
         assert_eq!(t["nack"]["applied"], serde_json::json!([]), "{node}: {t}");
     }
 
@@ -546,7 +546,7 @@ async fn listeners_a_valid_change_lands_beside_a_rejected_listener() {
             own_part(said[i].as_deref().unwrap(), "listener(s)", "l2")
         );
         let t = status_of(&tap, node, "LDS").await;
-        assert_eq!(t["nack"]["scope"], "partial", "{t}");
+        assert_eq!(t["nack"]["scope"], "PARTIAL", "{t}");
         assert_eq!(t["nack"]["rejected"], serde_json::json!(["l2"]), "{t}");
         assert_eq!(t["nack"]["applied"], serde_json::json!(["l1"]), "{t}");
     }
@@ -634,7 +634,7 @@ async fn a_control_plane_that_resends_rejected_content_is_a_resend_loop() {
     let resends = |t: &Value| t["rejected_resends"].as_u64();
     let t = status_of(&tap, "looped", "CDS").await;
     assert_eq!(resends(&t), Some(5), "{t}");
-    assert_eq!(t["nack"]["scope"], "partial", "{t}");
+    assert_eq!(t["nack"]["scope"], "PARTIAL", "{t}");
     let (_, text) = support::http_get(&tap.admin, "/metrics").await;
     let metrics = support::prom::parse(&text).unwrap();
     assert_eq!(metrics.get("xdstap_rejected_resends_total", &[]), 5.0);

@@ -106,7 +106,7 @@ async fn a_proxyless_clients_own_csds_equals_the_taps_view() {
     let cds = (v["nodes"][0]["types"].as_array().unwrap().iter())
         .find(|t| t["type"] == "CDS")
         .unwrap();
-    assert_eq!(cds["nack"]["scope"], "partial", "{cds}");
+    assert_eq!(cds["nack"]["scope"], "PARTIAL", "{cds}");
     assert_eq!(cds["nack"]["rejected"], serde_json::json!(["c2"]), "{cds}");
     assert_eq!(cds["nack"]["applied"], serde_json::json!(["c1"]), "{cds}");
     drop(client);

@@ -129,7 +129,7 @@ async fn who_took_each_version_across_a_fix_a_bystander_and_a_restart() {
     assert_eq!(live["node"], "envoy-3", "{line}");
     assert_eq!(
         (live["type"].as_str(), live["kind"].as_str()),
-        (Some("CDS"), Some("nack"))
+        (Some("CDS"), Some("NACK"))
     );
     assert_eq!(live["version"], "v2");
     assert_eq!(live["error_message"], nacked[0].1.as_str());

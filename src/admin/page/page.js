@@ -59,7 +59,7 @@ function globMatcher(glob) {
 
 function typeState(t) {
   if (!t) return "IGNORED";
-  if (t.state === "NACKED" && t.nack && t.nack.scope === "partial") return "PARTIAL";
+  if (t.state === "NACKED" && t.nack && t.nack.scope === "PARTIAL") return "PARTIAL";
   return t.state;
 }
 
@@ -128,7 +128,7 @@ function detail(n) {
     if (!t.nack) continue;
     const nack = t.nack;
     box.append(el("p", {},
-      el("strong", { text: t.type + " rejected " + nack.version + " (" + nack.scope + ")" }),
+      el("strong", { text: t.type + " rejected " + nack.version + " (" + nack.scope.toLowerCase() + ")" }),
       nack.suspects.length ? el("span", { text: " suspects: " + nack.suspects.join(", ") }) : null,
       nack.applied.length ? el("span", { text: "; applied all the same: " + nack.applied.join(", ") }) : null,
       el("div", { class: "msg", text: nack.message })));
@@ -181,7 +181,7 @@ function renderRollouts() {
       el("div", { class: "line" }, title, bar, counts));
     for (const g of r.nacks) {
       card.append(el("div", { class: "nack-group" },
-        el("span", { text: "rejected by " + g.nodes + " node" + (g.nodes === 1 ? "" : "s") + " (" + g.examples.join(", ") + ")" + (g.scope ? ", " + g.scope : "") }),
+        el("span", { text: "rejected by " + g.nodes + " node" + (g.nodes === 1 ? "" : "s") + " (" + g.examples.join(", ") + ")" + (g.scope && g.scope !== "NACK_SCOPE_UNSPECIFIED" ? ", " + g.scope.toLowerCase() : "") }),
         g.suspects.length ? el("span", { text: "; suspects: " + g.suspects.join(", ") }) : null,
         el("div", { class: "msg", text: g.message })));
     }
@@ -237,13 +237,13 @@ function renderCurve() {
 }
 
 function verdictLine(v) {
-  const parts = [v.time, v.node, v.type, v.kind.toUpperCase(), v.version];
-  if (v.kind === "ack" || v.kind === "nack") parts.push(Math.round(v.latency_ms) + "ms");
+  const parts = [v.time, v.node, v.type, v.kind.replace(/_/g, "-"), v.version];
+  if (v.kind === "ACK" || v.kind === "NACK") parts.push(Math.round(v.latency_ms) + "ms");
   const line = el("span", { text: parts.join("  ") });
   const out = el("span", {}, line);
-  if (v.kind === "nack") {
-    if (v.nack_scope === "partial") out.append(el("span", { text: "  " + v.rejected.join(", ") + " rejected; " + (v.applied.join(", ") || "nothing else") + " applied" }));
-    if (v.suspects.length && v.nack_scope !== "partial") out.append(el("span", { text: "  suspects: " + v.suspects.join(", ") }));
+  if (v.kind === "NACK") {
+    if (v.nack_scope === "PARTIAL") out.append(el("span", { text: "  " + v.rejected.join(", ") + " rejected; " + (v.applied.join(", ") || "nothing else") + " applied" }));
+    if (v.suspects.length && v.nack_scope !== "PARTIAL") out.append(el("span", { text: "  suspects: " + v.suspects.join(", ") }));
     out.append(el("div", { class: "msg", text: v.error_message }));
   }
   const link = traceLink(v.trace_id, "trace");
@@ -257,7 +257,8 @@ function addVerdict(v, fresh) {
   v.key = key;
   verdicts.unshift(v);
   verdicts.length = Math.min(verdicts.length, FEED_KEPT);
-  const li = el("li", { class: v.kind + (fresh ? " fresh" : ""), "data-kind": v.kind, "data-node": v.node }, verdictLine(v));
+  const kind = v.kind.toLowerCase().replace(/_/g, "-");
+  const li = el("li", { class: kind + (fresh ? " fresh" : ""), "data-kind": kind, "data-node": v.node }, verdictLine(v));
   const feed = $("feed");
   feed.prepend(li);
   while (feed.children.length > FEED_KEPT) feed.lastChild.remove();
@@ -309,7 +310,7 @@ function listen() {
       $("unlisted").textContent = unlisted + " more verdicts decided than listed here (every NACK is)";
     }
     if (batch.verdicts.length || batch.more) {
-      refreshSoon(batch.verdicts.some((v) => v.kind === "nack") ? 100 : 500);
+      refreshSoon(batch.verdicts.some((v) => v.kind === "NACK") ? 100 : 500);
     }
   };
 }

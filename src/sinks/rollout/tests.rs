@@ -137,7 +137,7 @@ fn who_acked_who_nacked_and_who_was_never_pushed() {
     assert_eq!(r.acked_nodes, ["a"]);
     // The NACK first, then the pending node; `never` was not pushed v2 and is nowhere.
     let behind: Vec<(&str, &str, Option<&str>)> = (r.behind.iter())
-        .map(|n| (n.node.as_str(), n.state.as_str(), n.running.as_deref()))
+        .map(|n| (n.node.as_str(), n.state().label(), n.running.as_deref()))
         .collect();
     assert_eq!(
         behind,
@@ -167,7 +167,7 @@ fn who_acked_who_nacked_and_who_was_never_pushed() {
     assert_eq!(view.report(15 * S, &of_type("cds")).rollouts.len(), 2);
     // Every node, acked ones too, with its answer's latency and its NACK group.
     let nodes: Vec<(&str, &str, Option<f64>, u32)> = (r.nodes.iter())
-        .map(|n| (n.node.as_str(), n.state.as_str(), n.latency_ms, n.nack_group))
+        .map(|n| (n.node.as_str(), n.state().label(), n.latency_ms, n.nack_group))
         .collect();
     assert_eq!(
         nodes,

@@ -161,7 +161,7 @@ async fn story(node: &str, delta_api: bool) -> (Vec<String>, Vec<String>) {
         assert!(message.starts_with(form), "{short}: {message}");
         // The tap's answer, once it has seen the NACK.
         let nack = tap_nack(&tap, node, short, "2").await;
-        assert_eq!(nack["scope"], "unknown", "{short}: {nack}");
+        assert_eq!(nack["scope"], "UNKNOWN", "{short}: {nack}");
         let prefix = if t == EDS { "e" } else { "r" };
         // Envoy's config_dump and the tap's CSDS, once they agree on what the tap claims runs.
         let (runs, seen) = support::eventually_async(10, "Envoy and the tap to agree", || async {
@@ -311,7 +311,7 @@ async fn duplicates_wrong_types_and_bad_certificates() {
         "Error adding/updating cluster(s) c: duplicate cluster c found"
     );
     let nack = tap_nack(&tap, "forms", "CDS", "2").await;
-    assert_eq!(nack["scope"], "partial", "{nack}");
+    assert_eq!(nack["scope"], "PARTIAL", "{nack}");
     assert_eq!(nack["rejected"], serde_json::json!(["c"]), "{nack}");
     let want: BTreeMap<String, String> = [("a", "2s"), ("c", "2s")]
         .map(|(n, t)| (n.to_string(), t.to_string()))
@@ -346,7 +346,7 @@ async fn duplicates_wrong_types_and_bad_certificates() {
         "Envoy quotes the response: {message}"
     );
     let nack = tap_nack(&tap, "forms", "CDS", "3").await;
-    assert_eq!(nack["scope"], "whole", "{nack}");
+    assert_eq!(nack["scope"], "WHOLE", "{nack}");
     let kept = nack["message"].as_str().unwrap();
     assert!(
         kept.ends_with(
@@ -367,7 +367,7 @@ async fn duplicates_wrong_types_and_bad_certificates() {
     let message = nacked(&cp, "bad-cert").await;
     assert_eq!(message, "Failed to load certificate chain from <inline>");
     let nack = tap_nack(&tap, "forms", "SDS", "2").await;
-    assert_eq!(nack["scope"], "unknown", "{nack}");
+    assert_eq!(nack["scope"], "UNKNOWN", "{nack}");
     tap.close().await;
 }
 
@@ -459,7 +459,7 @@ async fn ecds_forms() {
          expect envoy.extensions.filters.http.buffer.v3.Buffer."
     );
     let nack = tap_nack(&tap, "ecds", "ECDS", "2").await;
-    assert_eq!(nack["scope"], "unknown", "{nack}");
+    assert_eq!(nack["scope"], "UNKNOWN", "{nack}");
     cp.send(vec![response(ECDS, "3", "x3", vec![ext(buffer(None))])])
         .await;
     let message = nacked(&cp, "x3").await;
@@ -468,6 +468,6 @@ async fn ecds_forms() {
         "{message}"
     );
     let nack = tap_nack(&tap, "ecds", "ECDS", "3").await;
-    assert_eq!(nack["scope"], "whole", "{nack}");
+    assert_eq!(nack["scope"], "WHOLE", "{nack}");
     tap.close().await;
 }

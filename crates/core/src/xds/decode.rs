@@ -4,7 +4,7 @@
 
 use std::io::Write;
 
-use super::scan::{Kind, ScanError, Scanner};
+use super::scan::{MessageKind, ScanError, Scanner};
 use super::Message;
 
 /// Why a message was not decoded. Labels for the decode-error metric come from [`reason`](Self::reason).
@@ -77,7 +77,13 @@ pub struct MessageDecoder {
 impl MessageDecoder {
     /// Starts a message of `len` body bytes. `compressed` is the prefix flag and `encoding` the
     /// stream's `grpc-encoding`.
-    pub fn new(kind: Kind, len: u32, compressed: bool, encoding: Option<&str>, limit: u64) -> Self {
+    pub fn new(
+        kind: MessageKind,
+        len: u32,
+        compressed: bool,
+        encoding: Option<&str>,
+        limit: u64,
+    ) -> Self {
         let input = if compressed {
             let sink = Sink {
                 scanner: Scanner::new(kind, None),

@@ -80,7 +80,7 @@ pub enum ScanError {
 
 /// Which message a scanner decodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub enum MessageKind {
     /// Client to control plane.
     Request(Api),
     /// Control plane to client.
@@ -208,7 +208,7 @@ struct Frame {
 
 /// Decodes one message, fed in pieces.
 pub struct Scanner {
-    kind: Kind,
+    kind: MessageKind,
     stack: Vec<Frame>,
     state: State,
     pos: u64,
@@ -297,12 +297,12 @@ const MAX_GATHER: usize = 256 << 10;
 impl Scanner {
     /// A scanner for one message of `kind`; `len` is its length when known (uncompressed), else
     /// `None` (the message ends when [`finish`](Self::finish) is called).
-    pub fn new(kind: Kind, len: Option<u64>) -> Self {
+    pub fn new(kind: MessageKind, len: Option<u64>) -> Self {
         let msg = match kind {
-            Kind::Request(Api::Sotw) => Msg::Request,
-            Kind::Request(Api::Delta) => Msg::DeltaRequest,
-            Kind::Response(Api::Sotw) => Msg::Response,
-            Kind::Response(Api::Delta) => Msg::DeltaResponse,
+            MessageKind::Request(Api::Sotw) => Msg::Request,
+            MessageKind::Request(Api::Delta) => Msg::DeltaRequest,
+            MessageKind::Response(Api::Sotw) => Msg::Response,
+            MessageKind::Response(Api::Delta) => Msg::DeltaResponse,
         };
         let mut stack = Vec::with_capacity(MAX_DEPTH);
         stack.push(Frame {
@@ -965,7 +965,7 @@ impl Scanner {
     }
 
     fn captured(&mut self, slot: Slot, text: String) {
-        let is_request = matches!(self.kind, Kind::Request(_));
+        let is_request = matches!(self.kind, MessageKind::Request(_));
         match slot {
             Slot::Version if is_request => self.req.version_info = text,
             Slot::Version => self.resp.version_info = text,
@@ -1026,13 +1026,13 @@ impl Scanner {
         }
         self.offer_run();
         Ok(match self.kind {
-            Kind::Request(_) => {
+            MessageKind::Request(_) => {
                 let mut req = self.req;
                 req.node = self.node;
                 req.error_detail = self.status;
                 Message::Request(req)
             }
-            Kind::Response(_) => {
+            MessageKind::Response(_) => {
                 let mut resp = self.resp;
                 resp.bytes = self.pos;
                 Message::Response(resp)

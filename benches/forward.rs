@@ -17,7 +17,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
 use tokio::net::{TcpListener, TcpStream};
 use xdstap::proxy::{Connector, Endpoint, Listener, NoObserver, Observe, Proxy, Settings};
-use xdstap::tap::{Pipeline, PipelineOptions};
+use xdstap::server::{Pipeline, PipelineOptions};
 use xdstap::xds::wire::bytes as field;
 
 const ADS: &str =
@@ -210,7 +210,7 @@ fn bench(c: &mut Criterion) {
         .unwrap();
     let push = Arc::new(PushTemplate::new());
     let push_len = push.wire_len();
-    let stats = Arc::new(xdstap::sinks::TapStats::default());
+    let stats = Arc::new(xdstap::observer::ObserverStats::default());
     let (direct, tap, tap_decode, _pipeline) = rt.block_on(async {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let direct = listener.local_addr().unwrap().to_string();
@@ -221,7 +221,7 @@ fn bench(c: &mut Criterion) {
             decode_limit: xdstap::config::DEFAULT_DECODE_LIMIT,
         };
         let pipeline = Pipeline::start(options, stats.clone(), Vec::new()).unwrap();
-        let tap_decode = start_tap(&direct, pipeline.tap.clone()).await;
+        let tap_decode = start_tap(&direct, pipeline.observer.clone()).await;
         (direct, tap, tap_decode, pipeline)
     });
 

@@ -25,9 +25,9 @@ use tonic::codegen::Service;
 
 use crate::api::csds::client_status_discovery_service_server::ClientStatusDiscoveryServiceServer;
 use crate::api::tap::tap_server::TapServer;
-use crate::sinks::board::StatusBoard;
-use crate::sinks::rollout::Rollouts;
-use crate::sinks::watch::Watchers;
+use crate::views::board::StatusBoard;
+use crate::views::rollout::Rollouts;
+use crate::views::watch::Watchers;
 use crate::proxy::{Endpoint, Listener};
 
 /// Admin connections open at once at most (watchers and CSDS streams hold one each), whatever
@@ -62,7 +62,7 @@ pub struct Admin {
     /// The forwarder's counters; `/readyz` says 503 once it drains.
     pub proxy: Arc<crate::proxy::ProxyStats>,
     /// The trace ids the tap's spans carry, when it exports spans.
-    pub traces: Option<crate::sinks::spans::TraceIds>,
+    pub traces: Option<crate::outputs::spans::TraceIds>,
     /// The page's link to a trace (`{trace_id}` in it).
     pub trace_url: Option<String>,
     /// The watchers' seats taken (gRPC watches and pages' `/events`), at most
@@ -73,7 +73,7 @@ pub struct Admin {
 impl Admin {
     /// The rollouts `ask` asks for, each named by its trace when spans share one per version.
     pub fn rollouts(&self, ask: &crate::api::tap::RolloutsRequest) -> crate::api::tap::RolloutReport {
-        let mut report = self.rollouts.report(crate::sinks::now(), ask);
+        let mut report = self.rollouts.report(crate::observer::now(), ask);
         if let Some(traces) = &self.traces {
             for r in &mut report.rollouts {
                 if let Some(id) = traces.of_version(&r.version) {
@@ -203,7 +203,7 @@ async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Body> {
     match req.uri().path() {
         "/status" => {
             let node = node_param(req.uri().query());
-            let report = admin.status.report(crate::sinks::now(), node.as_deref());
+            let report = admin.status.report(crate::observer::now(), node.as_deref());
             if node.is_some() && report.nodes.is_empty() {
                 return reply(
                     StatusCode::NOT_FOUND,
@@ -228,7 +228,7 @@ async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Body> {
         "/metrics" => reply(
             StatusCode::OK,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            crate::sinks::metrics::render(&admin.registry),
+            crate::outputs::metrics::render(&admin.registry),
         ),
         "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n"),
         "/readyz" if admin.proxy.draining.load(std::sync::atomic::Ordering::Relaxed) => reply(

@@ -9,10 +9,10 @@
 use std::fmt;
 use std::path::PathBuf;
 
+use crate::outputs::spans::SpanSettings;
 use crate::proxy::Settings;
-use crate::sinks::board::StatusSettings;
-use crate::sinks::rollout::RolloutSettings;
-use crate::sinks::spans::SpanSettings;
+use crate::views::board::StatusSettings;
+use crate::views::rollout::RolloutSettings;
 
 mod options;
 mod resolve;
@@ -20,7 +20,9 @@ mod values;
 
 pub use options::{AdminOptions, LogOptions, Options, SpanOptions, TlsOptions, UpstreamTlsOptions};
 pub use resolve::{AdminSettings, Config};
-pub use values::{AdminAddress, Count, HumanDuration, LogFormat, Parsed, Size, ValueError};
+pub use values::{
+    AdminAddress, Count, HumanDuration, LogFormat, Parsed, Size, UnknownName, ValueError,
+};
 
 /// Where the admin server listens unless told otherwise.
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:9977";

@@ -10,9 +10,15 @@
 //! - `grpc`, `xds`, `correlate`: the core, from the `xdstap-core` crate (gRPC message framing,
 //!   the streaming decoder of the four xDS messages, the pure state machine that pairs pushes
 //!   with answers); no runtime, no clock, no I/O, as Cargo holds.
-//! - [`sinks`]: the bounded event queue and its sinks: log lines, the JSON-lines event log,
-//!   OTLP spans, the status board, the rollout view, Prometheus metrics, live watchers.
-//! - [`tap`]: the proxy's observer: framing -> decode -> correlate -> queue, inline.
+//! - [`observer`]: the proxy's observer: framing -> decode -> correlate, inline, events handed
+//!   to the queue; the observing side's counters and clock.
+//! - [`record`]: one verdict as one flat record, built once on the sinks' thread for every
+//!   output and view that reads it.
+//! - [`queue`]: the bounded event queue and the sinks' thread that drains it.
+//! - [`views`]: what the tap keeps to be asked: the status board, the rollout view, the
+//!   watchers, and the trace each verdict's span is in.
+//! - [`outputs`]: what the tap writes for others: log lines, the JSON-lines event log, OTLP
+//!   spans, Prometheus metrics.
 //! - [`api`]: the gRPC code generated from `proto/` (the tap's own API, CSDS), and the views'
 //!   reports as its messages.
 //! - [`admin`]: the admin server, HTTP/1.1 and HTTP/2 on one address: `/status`, `/rollouts`,
@@ -25,10 +31,12 @@
 //!
 //! # One-way rules
 //! Checked by `tests/it/layout.rs`:
-//! - `proxy` imports nothing from `grpc`, `xds`, `correlate`, `tap` or `sinks`.
+//! - `proxy` imports nothing from the core, `observer`, `queue`, `views` or `outputs`.
+//! - `observer` -> `queue` (and the `record` it builds) -> `views` -> `outputs`: each uses
+//!   nothing after it (but the observer its queue), and none uses `admin`, which serves them.
 //! - the core reads no clock; its `correlate` imports only from `xds`.
-//! - Nothing imports from `tap`, `demo` or the binary except the assembly (`server`, and the
-//!   binary itself).
+//! - Nothing imports from `demo` or the binary except the assembly (`server`, and the binary
+//!   itself).
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -53,8 +61,11 @@ internal! {
     admin;
     cli;
     demo;
-    sinks;
-    tap;
+    observer;
+    outputs;
+    queue;
+    record;
+    views;
 }
 
 // The core (xdstap-core: framing, decoding, correlation), where the rest of the crate finds it.

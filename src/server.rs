@@ -13,15 +13,16 @@ use std::time::Duration;
 
 use crate::admin::Admin;
 use crate::config::{option_name, Config, ConfigError};
+use crate::observer::Observer;
+use crate::observer::ObserverStats;
+use crate::outputs::eventlog::EventLog;
+use crate::outputs::metrics::Sources;
+use crate::outputs::spans::{SetupError, SpanStats, TraceIds};
 use crate::proxy::{Connector, Listener, Observe, Proxy, ProxyStats};
-use crate::sinks::board::StatusBoard;
-use crate::sinks::eventlog::EventLog;
-use crate::sinks::metrics::Sources;
-use crate::sinks::rollout::Rollouts;
-use crate::sinks::spans::{SetupError, SpanStats, TraceIds};
-use crate::sinks::watch::Watchers;
-use crate::sinks::{Sink, TapStats};
-use crate::tap::{Pipeline, PipelineOptions};
+use crate::queue::Sink;
+use crate::views::board::StatusBoard;
+use crate::views::rollout::Rollouts;
+use crate::views::watch::Watchers;
 
 /// How long the span exporter gets to deliver what is queued at shutdown.
 const SPAN_FLUSH: Duration = Duration::from_secs(15);
@@ -74,7 +75,7 @@ pub struct Running {
     pipeline: Pipeline,
     status: StatusBoard,
     rollouts: Rollouts,
-    tap_stats: Arc<TapStats>,
+    tap_stats: Arc<ObserverStats>,
     span_stats: Arc<SpanStats>,
     admin: Option<(String, tokio::task::JoinHandle<()>)>,
     exporter: Option<tokio::task::JoinHandle<()>>,
@@ -137,8 +138,8 @@ impl Server {
         }
         let admin_listener = bind_admin(&config).await?;
         let proxy_stats = Arc::new(ProxyStats::default());
-        let tap_stats = Arc::new(TapStats::default());
-        let (registry, push_metrics) = crate::sinks::metrics::registry(Sources {
+        let tap_stats = Arc::new(ObserverStats::default());
+        let (registry, push_metrics) = crate::outputs::metrics::registry(Sources {
             proxy: proxy_stats.clone(),
             tap: tap_stats.clone(),
             spans: span_stats.clone(),
@@ -155,7 +156,7 @@ impl Server {
             sinks,
         )
         .map_err(StartError::Sinks)?;
-        let mut observer: Arc<dyn Observe> = pipeline.tap.clone();
+        let mut observer: Arc<dyn Observe> = pipeline.observer.clone();
         if let Some(wrap) = self.wrap {
             observer = wrap(observer);
         }
@@ -221,7 +222,7 @@ fn outputs(
     let endpoint = (settings.endpoint.clone())
         .or_else(|| settings.file.as_ref().map(|f| f.display().to_string()))
         .unwrap_or_else(|| "OTEL_EXPORTER_OTLP_ENDPOINT".into());
-    let (sink, task) = crate::sinks::spans::start(settings, span_stats.clone())?;
+    let (sink, task) = crate::outputs::spans::start(settings, span_stats.clone())?;
     tracing::info!(%endpoint, "Exporting spans");
     let traces = sink.trace_ids();
     sinks.push(Box::new(sink));
@@ -269,7 +270,7 @@ impl Running {
     }
 
     /// The observer's counters.
-    pub fn tap_stats(&self) -> Arc<TapStats> {
+    pub fn tap_stats(&self) -> Arc<ObserverStats> {
         self.tap_stats.clone()
     }
 
@@ -306,4 +307,43 @@ pub async fn run(
         .serve(shutdown)
         .await;
     Ok(())
+}
+
+/// A running observation pipeline: the observer to give the proxy, and the sinks it feeds.
+pub struct Pipeline {
+    /// The observer for [`crate::proxy::Proxy::new`].
+    pub observer: Arc<Observer>,
+    sinks: crate::queue::Sinks,
+}
+
+/// How a [`Pipeline`] is set up.
+#[derive(Debug, Clone)]
+pub struct PipelineOptions {
+    /// Events waiting for the sinks before new ones are dropped and counted.
+    pub queue_capacity: usize,
+    /// Largest message decoded, bytes.
+    pub decode_limit: u64,
+}
+
+impl Pipeline {
+    /// Starts the sinks (log lines, then `sinks`) on their own thread; the observer counts
+    /// into `stats`.
+    pub fn start(
+        options: PipelineOptions,
+        stats: Arc<ObserverStats>,
+        sinks: Vec<Box<dyn crate::queue::Sink>>,
+    ) -> std::io::Result<Pipeline> {
+        let mut all: Vec<Box<dyn crate::queue::Sink>> = vec![Box::new(crate::outputs::LogSink)];
+        all.extend(sinks);
+        let (events, sinks) = crate::queue::Sinks::start(options.queue_capacity, all)?;
+        Ok(Pipeline {
+            observer: Arc::new(Observer::new(events, stats, options.decode_limit)),
+            sinks,
+        })
+    }
+
+    /// Delivers what is queued, then drops the sinks (exporters flush on drop of their sink).
+    pub async fn close(self) {
+        self.sinks.close().await;
+    }
 }

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use xdstap::correlate::{Context, Correlator, Event, Push, StreamContext, Verdict};
-use xdstap::sinks::board::{StatusBoard, StatusSettings};
-use xdstap::sinks::rollout::{RolloutSettings, Rollouts};
+use xdstap::views::board::{StatusBoard, StatusSettings};
+use xdstap::views::rollout::{RolloutSettings, Rollouts};
 use xdstap::xds::{Api, ErrorDetail, Interner, Node, Request, Resources, Response, CLUSTER};
 
 struct Counting;
@@ -291,7 +291,7 @@ fn ten_thousand_disconnected_nodes_hold_little() {
         c.on_stream_end(Some(14), "gone", 4, &mut events);
         for e in events.drain(..) {
             board.apply(&e);
-            xdstap::sinks::Sink::on_event(&mut view.clone(), &e);
+            xdstap::queue::Sink::on_event(&mut view.clone(), &e);
         }
     }
     let held = LIVE.load(Ordering::Relaxed) - base;

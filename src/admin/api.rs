@@ -11,11 +11,9 @@ use tonic::{Request, Response, Status};
 
 use super::Admin;
 use crate::api::tap::{self, tap_server};
-use crate::correlate::Event;
 use crate::api::type_wanted;
-use crate::sinks::spans::TraceIds;
 use crate::api::tap::watch_event::Kind;
-use crate::sinks::watch::{kind, watched_event, SHOWN};
+use crate::views::watch::SHOWN;
 
 /// The service over the admin's views.
 pub struct TapApi(pub Arc<Admin>);
@@ -28,7 +26,7 @@ impl tap_server::Tap for TapApi {
     ) -> Result<Response<tap::StatusReport>, Status> {
         let node = request.into_inner().node;
         let only = (!node.is_empty()).then_some(node.as_str());
-        let report = self.0.status.report(crate::sinks::now(), only);
+        let report = self.0.status.report(crate::observer::now(), only);
         if only.is_some() && report.nodes.is_empty() {
             return Err(Status::not_found(format!("no node {node:?}")));
         }
@@ -75,7 +73,6 @@ impl tap_server::Tap for TapApi {
         // The glob is taken apart once, not per event.
         let node: Vec<char> = filter.node.chars().collect();
         let mut missed = 0;
-        let traces = self.0.traces.clone();
         let events = BroadcastStream::new(self.0.watchers.subscribe());
         let stream = events.filter_map(move |e| {
             let _seat = &seat;
@@ -84,7 +81,8 @@ impl tap_server::Tap for TapApi {
                     missed += n;
                     None
                 }
-                Ok(e) => watch_event(&e, &filter, &node, traces.as_ref()).map(|mut w| {
+                Ok(e) => wanted(&e, &filter, &node).then(|| {
+                    let mut w = tap::WatchEvent::clone(&e);
                     w.missed = std::mem::take(&mut missed);
                     Ok(w)
                 }),
@@ -124,27 +122,15 @@ impl Drop for Seat {
     }
 }
 
-/// `event` as the watcher sees it, when its filter lets it through.
-fn watch_event(
-    event: &Event,
-    filter: &tap::WatchRequest,
-    node_glob: &[char],
-    traces: Option<&TraceIds>,
-) -> Option<tap::WatchEvent> {
-    let kind = kind(event)?;
+/// Whether the watcher's `filter` (its node glob taken apart already) lets `w` through.
+fn wanted(w: &tap::WatchEvent, filter: &tap::WatchRequest, node_glob: &[char]) -> bool {
     let kind_wanted = match filter.kinds.is_empty() {
-        true => SHOWN.contains(&kind),
-        false => filter.kinds.contains(&(kind as i32)),
+        true => SHOWN.contains(&w.kind()),
+        false => filter.kinds.contains(&w.kind),
     };
-    let context = event.context();
-    let node = context.node.as_ref().map(|n| n.id.as_str()).unwrap_or("");
-    if !kind_wanted
-        || !type_wanted(&filter.types, &context.type_url)
-        || !(node_glob.is_empty() || glob_chars(node_glob, node))
-    {
-        return None;
-    }
-    watched_event(event, traces)
+    kind_wanted
+        && type_wanted(&filter.types, &w.type_url)
+        && (node_glob.is_empty() || glob_chars(node_glob, &w.node))
 }
 
 /// Whether `text` matches the pattern `p` (taken apart into characters already), where `*` is

@@ -14,7 +14,7 @@ use crate::api::csds::{
     self, client_config::GenericXdsConfig, client_status_discovery_service_server as server,
     string_matcher::MatchPattern,
 };
-use crate::sinks::board::resources::{ClientStatus, ConfigStatus, NodeResources};
+use crate::views::board::resources::{ClientStatus, ConfigStatus, NodeResources};
 
 /// The service over the status board.
 pub struct Csds(pub Arc<Admin>);

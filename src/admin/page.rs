@@ -22,7 +22,7 @@ use super::api::Seat;
 use super::Admin;
 use crate::api::tap::WatchEvent;
 use crate::api::tap::watch_event::Kind;
-use crate::sinks::watch::{bounded, watched_event};
+use crate::views::watch::bounded;
 
 const INDEX: &str = include_str!("page/index.html");
 const SCRIPT: &str = include_str!("page/page.js");
@@ -106,7 +106,6 @@ fn events(admin: &Admin) -> Response<Body> {
     // twice; the page drops the second).
     let live = BroadcastStream::new(admin.watchers.subscribe());
     let recent = admin.watchers.recent();
-    let traces = admin.watchers.traces().cloned();
     let head = [
         Ok(Frame::data(Bytes::from_static(b"retry: 1000\n\n"))),
         batch(&recent, 0),
@@ -122,17 +121,17 @@ fn events(admin: &Admin) -> Response<Body> {
                     continue;
                 }
             };
-            let kind = crate::sinks::watch::kind(&e);
-            if !kind.is_some_and(Kind::is_verdict) {
+            let kind = e.kind();
+            if !kind.is_verdict() {
                 continue;
             }
-            let (list, cap) = match kind == Some(Kind::Nack) {
+            let (list, cap) = match kind == Kind::Nack {
                 true => (&mut nacks, BATCH_NACKS),
                 false => (&mut others, BATCH_OTHERS),
             };
-            match (list.len() < cap).then(|| watched_event(&e, traces.as_ref())).flatten() {
-                Some(w) => list.push(bounded(w)),
-                None => more += 1,
+            match list.len() < cap {
+                true => list.push(bounded(WatchEvent::clone(&e))),
+                false => more += 1,
             }
         }
         nacks.extend(others);

@@ -9,8 +9,8 @@ use serde::Deserialize;
 
 use super::values::{AdminAddress, Count, HumanDuration, LogFormat, Size};
 use super::{option_name, ConfigError};
+use crate::outputs::spans::{Grouping, Protocol};
 use crate::proxy::Endpoint;
-use crate::sinks::spans::{Grouping, Protocol};
 
 /// Every option of `xdstap run` and `check-config`. The field path is the YAML key; the flag is
 /// named in each field's `#[arg]`. Unset options take the defaults their help states.

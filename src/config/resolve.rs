@@ -11,10 +11,11 @@ use super::{
     invalid, missing, option_name, ConfigError, DEFAULT_ADMIN, DEFAULT_DECODE_LIMIT,
     DEFAULT_EVENT_QUEUE, DEFAULT_LOG_LEVEL, DEFAULT_THREADS,
 };
+use crate::config::UnknownName;
+use crate::outputs::spans::SpanSettings;
 use crate::proxy::{ClientTls, Endpoint, ServerTls, Settings};
-use crate::sinks::board::StatusSettings;
-use crate::sinks::rollout::RolloutSettings;
-use crate::sinks::spans::{SpanSettings, UnknownName};
+use crate::views::board::StatusSettings;
+use crate::views::rollout::RolloutSettings;
 
 /// Validated settings for `xdstap run`.
 #[derive(Debug, Clone)]

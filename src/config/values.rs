@@ -11,8 +11,8 @@ use clap::builder::{TypedValueParser, ValueParserFactory};
 use serde::Deserialize;
 
 use super::{invalid, ConfigError};
+use crate::outputs::spans::{Grouping, Protocol};
 use crate::proxy::Endpoint;
-use crate::sinks::spans::{Grouping, Protocol};
 
 /// The value parser of every typed option: the type's own `FromStr`, with an error that names
 /// the option (the arg's id is its YAML key), its flag and the value.
@@ -292,4 +292,16 @@ impl FromStr for LogFormat {
             _ => Err(ValueError::Expected("text or json")),
         }
     }
+}
+
+/// A name that is none of a setting's choices.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} {value:?}: expected {choices}")]
+pub struct UnknownName {
+    /// The setting.
+    pub what: &'static str,
+    /// What was given.
+    pub value: String,
+    /// What it may be.
+    pub choices: &'static str,
 }

@@ -15,9 +15,9 @@ use crate::cli::Client;
 use crate::config::{AdminAddress, AdminOptions, Options};
 use crate::correlate::{Event, Scope, Verdict};
 use crate::api::tap::{RolloutReport, StatusReport};
-use crate::sinks::rollout::{RolloutSettings, Rollouts};
-use crate::sinks::spans::SpanSettings;
-use crate::sinks::Recorder;
+use crate::views::rollout::{RolloutSettings, Rollouts};
+use crate::outputs::spans::SpanSettings;
+use crate::outputs::Recorder;
 use crate::proxy::{Endpoint, Listener};
 use crate::server::Server;
 use crate::xds::short_type;
@@ -263,7 +263,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<Outcome> {
         printer: Printer {
             json: options.json,
             color: options.color,
-            start: crate::sinks::now(),
+            start: crate::observer::now(),
             seen: 0,
         },
         recorder,
@@ -279,12 +279,12 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<Outcome> {
 
     // The status and rollout views, as `xdstap status` and `xdstap rollout` would show them,
     // then the spans flushed.
-    let report = status.report(crate::sinks::now(), None);
+    let report = status.report(crate::observer::now(), None);
     let ask = crate::api::tap::RolloutsRequest {
         types: vec!["CDS".into()],
         ..Default::default()
     };
-    let rollouts = rollouts.report(crate::sinks::now(), &ask);
+    let rollouts = rollouts.report(crate::observer::now(), &ask);
     if let Some(admin) = &admin_addr {
         println!(
             "\nThe page: http://{admin}/ (and /status, /rollouts, the API), until interrupted \

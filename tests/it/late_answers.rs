@@ -20,7 +20,7 @@ use support::scripted::{response, Scripted};
 use support::tap::XdsTap;
 use xdstap::api::tap::{StatusReport, SyncState, TypeStatus};
 use xdstap::correlate::{Event, Verdict};
-use xdstap::sinks::spans::{Protocol, SpanSettings};
+use xdstap::outputs::spans::{Protocol, SpanSettings};
 
 const REJECTED: &str = "ClusterValidationError.ConnectTimeout: value must be greater than 0s";
 

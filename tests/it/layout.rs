@@ -192,12 +192,37 @@ fn breaches(files: &[Source]) -> Vec<String> {
             |what: &str, why: &str| out.push(format!("{}/{}: {what}: {why}", f.root, f.path));
         match m.as_str() {
             "proxy" if f.root == "src" => {
-                for dep in ["grpc", "xds", "correlate", "tap", "sinks"] {
+                for dep in [
+                    "grpc",
+                    "xds",
+                    "correlate",
+                    "observer",
+                    "queue",
+                    "outputs",
+                    "views",
+                ] {
                     if used.contains(dep) {
                         no(
                             &format!("uses {dep}"),
                             "proxy knows HTTP/2 and nothing of gRPC or xDS",
                         );
+                    }
+                }
+            }
+            // Downstream of the proxy, each room uses only those before it on the data flow:
+            // observer -> queue (with the record it builds) -> views -> outputs (which may read
+            // a view, as metrics the board), all served by admin.
+            "observer" | "record" | "queue" | "views" | "outputs" if f.root == "src" => {
+                let later: &[&str] = match m.as_str() {
+                    "observer" => &["record", "queue", "views", "outputs", "admin"],
+                    "record" => &["observer", "queue", "views", "outputs", "admin"],
+                    "queue" => &["observer", "views", "outputs", "admin"],
+                    "views" => &["outputs", "admin"],
+                    _ => &["admin"],
+                };
+                for dep in later.iter().filter(|d| used.contains(**d)) {
+                    if !(m == "observer" && *dep == "queue") {
+                        no(&format!("uses {dep}"), "rooms use only those before them");
                     }
                 }
             }
@@ -222,11 +247,11 @@ fn breaches(files: &[Source]) -> Vec<String> {
             }
             _ => {}
         }
-        for dep in ["tap", "demo", "main"] {
+        for dep in ["demo", "main"] {
             if used.contains(dep) && m != dep && !assembly.contains(&m.as_str()) {
                 no(
                     &format!("uses {dep}"),
-                    "only the assembly (server, main) uses tap, demo or the binary",
+                    "only the assembly (server, main) uses the demo or the binary",
                 );
             }
         }
@@ -478,8 +503,12 @@ fn planted_violations_are_found() {
             "grpc.rs",
             "async fn f() { tokio::task::yield_now().await }\n",
         ),
-        file("admin.rs", "fn f() { crate::tap::now(); }\n"),
-        file("sinks/board.rs", "use crate::demo::story;\n"),
+        file(
+            "views/board.rs",
+            "fn f() { crate::outputs::spans::start(); }\n",
+        ),
+        file("outputs/metrics.rs", "use crate::demo::story;\n"),
+        file("observer.rs", "use crate::views::board::StatusBoard;\n"),
     ];
     let found = breaches(&planted);
     for (f, want) in planted.iter().zip([
@@ -487,8 +516,9 @@ fn planted_violations_are_found() {
         "uses Instant",
         "uses grpc",
         "uses tokio::",
-        "uses tap",
+        "uses outputs",
         "uses demo",
+        "uses views",
     ]) {
         assert!(
             found
@@ -504,7 +534,7 @@ fn planted_violations_are_found() {
             "proxy/listen.rs",
             "// crate::xds is not used here\nlet s = \"crate::tap\";\n",
         ),
-        file("server.rs", "use crate::tap::Pipeline;\n"),
+        file("server.rs", "use crate::observer::Observer;\n"),
         file("main.rs", "fn main() { xdstap::demo::run(); }\n"),
     ];
     assert!(breaches(&fine).is_empty(), "{:?}", breaches(&fine));

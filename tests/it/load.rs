@@ -246,7 +246,7 @@ async fn client_stream(
 #[derive(Clone, Default)]
 struct Count(Arc<Mutex<HashMap<&'static str, u64>>>);
 
-impl xdstap::sinks::Sink for Count {
+impl xdstap::queue::Sink for Count {
     fn on_event(&mut self, event: &Event) {
         if let Event::Verdict { verdict, .. } = event {
             *self.0.lock().unwrap().entry(verdict.name()).or_default() += 1;

@@ -589,9 +589,9 @@ async fn a_control_plane_that_resends_rejected_content_is_a_resend_loop() {
     ];
     let options = xdstap::config::Options::from_flags(flags).unwrap();
     let mut config = options.resolve().unwrap();
-    config.spans = Some(xdstap::sinks::spans::SpanSettings {
+    config.spans = Some(xdstap::outputs::spans::SpanSettings {
         endpoint: Some(receiver.endpoint.clone()),
-        protocol: xdstap::sinks::spans::Protocol::Grpc,
+        protocol: xdstap::outputs::spans::Protocol::Grpc,
         interval: Duration::from_millis(100),
         ..Default::default()
     });

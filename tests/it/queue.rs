@@ -21,7 +21,7 @@ struct Held {
     seen: Arc<AtomicU64>,
 }
 
-impl xdstap::sinks::Sink for Held {
+impl xdstap::queue::Sink for Held {
     fn on_event(&mut self, _: &Event) {
         let (open, opened) = &*self.gate;
         let mut open = open.lock().unwrap();

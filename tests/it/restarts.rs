@@ -15,7 +15,7 @@ use support::resources::{Snapshot, CDS};
 use support::tap::{TapOptions, XdsTap};
 use xdstap::api::tap::SyncState;
 use xdstap::correlate::{Event, Verdict};
-use xdstap::sinks::board::{StatusBoard, StatusSettings};
+use xdstap::views::board::{StatusBoard, StatusSettings};
 
 const RESTARTS: usize = 50;
 
@@ -118,7 +118,7 @@ async fn fifty_control_plane_restarts_under_three_envoys() {
     let last = format!("v{}", RESTARTS + 1);
     cp.set(Snapshot::standard(&last, 5000, 1000, 9));
     support::eventually(60, "every Envoy SYNCED on the last version", || {
-        let r = status.report(xdstap::sinks::now(), None);
+        let r = status.report(xdstap::observer::now(), None);
         let synced = r
             .nodes
             .iter()

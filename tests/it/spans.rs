@@ -12,7 +12,7 @@ use support::envoy::{Envoy, Xds};
 use support::otlp::{Received, Receiver};
 use support::resources::{Snapshot, CDS};
 use support::tap::{TapOptions, XdsTap};
-use xdstap::sinks::spans::{Protocol, SpanSettings, SpanStats};
+use xdstap::outputs::spans::{Protocol, SpanSettings, SpanStats};
 
 fn settings(endpoint: &str, protocol: Protocol) -> SpanSettings {
     SpanSettings {
@@ -68,7 +68,8 @@ async fn story(delta: bool, receiver: Receiver, protocol: Protocol) {
     let _server = cp.serve(listener);
     let stats = Arc::new(SpanStats::default());
     let (sink, _export) =
-        xdstap::sinks::spans::start(settings(&receiver.endpoint, protocol), stats.clone()).unwrap();
+        xdstap::outputs::spans::start(settings(&receiver.endpoint, protocol), stats.clone())
+            .unwrap();
     let tap = XdsTap::with_sinks(TapOptions::new(&cp_addr), vec![Box::new(sink)]).await;
     let one = Envoy::start("node-1", Xds::Tcp(tap.tap.addr.clone()), delta).await;
     let two = Envoy::start("node-2", Xds::Tcp(tap.tap.addr.clone()), delta).await;
@@ -250,7 +251,7 @@ async fn a_dead_backend_costs_spans_not_forwarding() {
     let stats = Arc::new(SpanStats::default());
     let queue = 16;
     let batch = 8;
-    let (sink, export) = xdstap::sinks::spans::start(
+    let (sink, export) = xdstap::outputs::spans::start(
         SpanSettings {
             queue,
             batch,
@@ -415,7 +416,7 @@ async fn a_secret_private_key_appears_in_no_output() {
 async fn shutdown_flushes_waiting_spans() {
     let receiver = Receiver::http().await;
     let stats = Arc::new(SpanStats::default());
-    let (sink, export) = xdstap::sinks::spans::start(
+    let (sink, export) = xdstap::outputs::spans::start(
         SpanSettings {
             // Nothing would leave before shutdown on its own.
             interval: Duration::from_secs(3600),
@@ -591,7 +592,7 @@ async fn two_taps_with_one_control_plane_id_give_one_trace_per_version() {
             ..settings(&receiver.endpoint, Protocol::Grpc)
         };
         let (sink, export) =
-            xdstap::sinks::spans::start(settings, Arc::new(SpanStats::default())).unwrap();
+            xdstap::outputs::spans::start(settings, Arc::new(SpanStats::default())).unwrap();
         let tap = XdsTap::with_sinks(TapOptions::new(&cp_addr), vec![Box::new(sink)]).await;
         envoys.push(Envoy::start(node, Xds::Tcp(tap.tap.addr.clone()), false).await);
         taps.push((tap, export));

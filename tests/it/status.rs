@@ -14,7 +14,7 @@ use support::resources::{Snapshot, CDS};
 use support::tap::XdsTap;
 use xdstap::api::tap::{StatusReport, SyncState};
 use xdstap::config::Options;
-use xdstap::sinks::board::StatusSettings;
+use xdstap::views::board::StatusSettings;
 
 /// The tap as `xdstap run` assembles it, its admin server on a loopback port.
 struct Monitored {

@@ -17,7 +17,7 @@ use support::resources::{warming_cluster, Snapshot, CDS};
 use support::tap::{TapOptions, XdsTap};
 use support::xdstap;
 use xdstap::api::tap::{StatusReport, SyncState, TypeStatus};
-use xdstap::sinks::spans::{Protocol, SpanSettings, SpanStats};
+use xdstap::outputs::spans::{Protocol, SpanSettings, SpanStats};
 
 fn cds(r: &StatusReport) -> Option<TypeStatus> {
     let node = r.nodes.iter().find(|n| n.id == "node-1")?;
@@ -51,7 +51,7 @@ async fn a_cds_push_held_for_endpoints_that_never_come() {
         ..Default::default()
     };
     let (sink, _export) =
-        xdstap::sinks::spans::start(settings, Arc::new(SpanStats::default())).unwrap();
+        xdstap::outputs::spans::start(settings, Arc::new(SpanStats::default())).unwrap();
     let tap = XdsTap::with_sinks(TapOptions::new(&cp_addr), vec![Box::new(sink)]).await;
     let envoy = Envoy::start("node-1", Xds::Tcp(tap.tap.addr.clone()), false).await;
     status_until(&tap.admin, "SYNCED on v1", |t| {

@@ -3,11 +3,12 @@
 use std::sync::Arc;
 
 use xdstap::config::Options;
+use xdstap::observer::ObserverStats;
+use xdstap::outputs::Recorder;
 use xdstap::proxy::{
     ClientTls, Connector, Endpoint, Listener, NoObserver, Observe, Proxy, ProxyStats, ServerTls,
     Settings,
 };
-use xdstap::sinks::{Recorder, TapStats};
 
 pub struct Tap {
     pub addr: String,
@@ -94,7 +95,7 @@ impl Drop for Tap {
 pub struct XdsTap {
     pub tap: Tap,
     /// The observer's counters.
-    pub stats: Arc<TapStats>,
+    pub stats: Arc<ObserverStats>,
     /// Every event, for the test to read.
     pub recorder: Recorder,
     /// The admin server's address.
@@ -109,7 +110,7 @@ impl XdsTap {
     /// A tap whose events also go to `sinks` (spans, ...).
     pub async fn with_sinks(
         options: TapOptions,
-        sinks: Vec<Box<dyn xdstap::sinks::Sink>>,
+        sinks: Vec<Box<dyn xdstap::queue::Sink>>,
     ) -> XdsTap {
         let mut config = Options::from_flags([
             "--listen",
@@ -137,7 +138,7 @@ impl XdsTap {
     /// A tap for `config` (listening where it says), its events also going to `sinks`.
     pub async fn with_config(
         config: xdstap::config::Config,
-        sinks: Vec<Box<dyn xdstap::sinks::Sink>>,
+        sinks: Vec<Box<dyn xdstap::queue::Sink>>,
     ) -> XdsTap {
         let recorder = Recorder::new(100_000);
         let listener = Listener::bind(&config.listen).await.unwrap();

@@ -10,9 +10,9 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use super::record::rfc3339;
+use crate::api::rfc3339;
 use crate::api::tap::{self, RolloutReport};
-use super::Sink;
+use crate::queue::Sink;
 use crate::correlate::{Event, Scope, Timestamp, Verdict};
 use crate::api::{group_key, type_wanted};
 use crate::xds::short_type;

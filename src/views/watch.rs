@@ -1,6 +1,7 @@
 //! Live verdicts for watchers (`xdstap watch`, the API's `Watch`, the page's `/events`): every
-//! verdict, warming change and peer fault goes to a broadcast channel while anyone listens, and
-//! costs nothing when no one does. A watcher that reads too slowly misses events, never slows
+//! verdict, warming change and peer fault goes to a broadcast channel while anyone listens, as
+//! the API's `WatchEvent`, made once (a verdict from its record) for every watcher, and costs
+//! nothing when no one listens. A watcher that reads too slowly misses events, never slows
 //! the sinks: it is told how many it missed. The last [`RECENT`] verdicts are kept as the API
 //! shows them, [`bounded`] (names, versions and messages), so a page opened late still shows
 //! what just happened.
@@ -10,12 +11,13 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::broadcast;
 
-use super::record::{rfc3339, NAMES_CAP};
-use super::spans::TraceIds;
-use super::Sink;
+use crate::api::{rfc3339, NAMES_CAP};
+use crate::views::traces::TraceIds;
+use crate::queue::{Delivered, Sink};
+use crate::record::VerdictRecord;
 use crate::api::tap::watch_event::{self, Kind};
-use crate::api::tap::WatchEvent;
-use crate::correlate::{Event, Verdict};
+use crate::api::tap::{NackScope, WatchEvent};
+use crate::correlate::{Event, Verdict, VerdictKind};
 use crate::xds::short_type;
 
 /// Events held for the slowest watcher before it starts missing them.
@@ -37,7 +39,7 @@ pub const SHOWN: [Kind; 5] = [
 /// The broadcast end, and the recent verdicts; cheap to clone.
 #[derive(Clone)]
 pub struct Watchers {
-    tx: broadcast::Sender<Event>,
+    tx: broadcast::Sender<Arc<WatchEvent>>,
     recent: Arc<Mutex<VecDeque<WatchEvent>>>,
     traces: Option<TraceIds>,
 }
@@ -59,7 +61,7 @@ impl Watchers {
     }
 
     /// A new watcher: every event from now on.
-    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<WatchEvent>> {
         self.tx.subscribe()
     }
 
@@ -103,9 +105,67 @@ pub fn kind(event: &Event) -> Option<Kind> {
     })
 }
 
-/// `event` as the API shows it (none for what watchers do not see), its trace named by
-/// `traces`.
-pub fn watched_event(event: &Event, traces: Option<&TraceIds>) -> Option<WatchEvent> {
+/// `delivered` as the API shows it (none for what watchers do not see), its trace named by
+/// `traces`: a verdict from its record.
+pub fn watched_event(delivered: &Delivered<'_>, traces: Option<&TraceIds>) -> Option<WatchEvent> {
+    let event = delivered.event;
+    if !watched(event) {
+        return None;
+    }
+    match delivered.record() {
+        Some(r) => Some(from_record(r, traces)),
+        None => other_event(event),
+    }
+}
+
+/// A verdict as the API shows it, from its record.
+fn from_record(r: &VerdictRecord, traces: Option<&TraceIds>) -> WatchEvent {
+    let kind = match r.verdict {
+        VerdictKind::Ack => Kind::Ack,
+        VerdictKind::Nack => Kind::Nack,
+        VerdictKind::Superseded => Kind::Superseded,
+        VerdictKind::Unanswered => Kind::Unanswered,
+    };
+    let api = match r.api {
+        "sotw" => watch_event::Api::Sotw,
+        "delta" => watch_event::Api::Delta,
+        _ => watch_event::Api::Unspecified,
+    };
+    let nack_scope = match r.nack_scope {
+        Some("whole") => NackScope::Whole,
+        Some("partial") => NackScope::Partial,
+        Some("unknown") => NackScope::Unknown,
+        _ => NackScope::Unspecified,
+    };
+    let trace_id = traces.map(|t| t.of(&r.version, r.stream, &r.type_url, &r.nonce).to_string());
+    WatchEvent {
+        time: r.time.clone(),
+        node: r.node.clone(),
+        r#type: r.short_type.clone(),
+        type_url: r.type_url.clone(),
+        kind: kind as i32,
+        api: api as i32,
+        stream: r.stream,
+        version: r.version.clone(),
+        nonce: r.nonce.clone(),
+        latency_ms: r.latency_ms,
+        client_version: r.client_version.clone().unwrap_or_default(),
+        error_message: r.error_message.clone().unwrap_or_default(),
+        suspects: r.suspects.clone(),
+        nack_scope: nack_scope as i32,
+        rejected: r.rejected.clone(),
+        applied: r.applied.clone(),
+        overtaken_by: r.overtaken_by.clone().unwrap_or_default(),
+        superseded_by: r.superseded_by.clone().unwrap_or_default(),
+        end_message: r.end_message.clone().unwrap_or_default(),
+        waiting_for: r.waiting_for.clone(),
+        trace_id: trace_id.unwrap_or_default(),
+        ..Default::default()
+    }
+}
+
+/// A watched event other than a verdict as the API shows it.
+fn other_event(event: &Event) -> Option<WatchEvent> {
     let kind = kind(event)?;
     let context = event.context();
     let node = context.node.as_ref().map(|n| n.id.as_str()).unwrap_or("");
@@ -124,45 +184,6 @@ pub fn watched_event(event: &Event, traces: Option<&TraceIds>) -> Option<WatchEv
         ..Default::default()
     };
     match event {
-        Event::Verdict {
-            push,
-            verdict,
-            decided_at,
-            client_version,
-            overtaken_by,
-            waiting_for,
-            ..
-        } => {
-            w.version = push.version.clone();
-            w.nonce = push.nonce.clone();
-            w.latency_ms = decided_at.saturating_sub(push.at) as f64 / 1e6;
-            w.client_version = client_version.clone().unwrap_or_default();
-            w.overtaken_by = overtaken_by.clone().unwrap_or_default();
-            w.waiting_for = waiting_for.clone();
-            if let Some(t) = traces {
-                let id = t.of(&push.version, w.stream, &context.type_url, &push.nonce);
-                w.trace_id = id.to_string();
-            }
-            match verdict {
-                Verdict::Nack {
-                    error,
-                    suspects,
-                    scope,
-                    rejected,
-                    applied,
-                    ..
-                } => {
-                    w.error_message = error.message.clone();
-                    w.suspects = suspects.clone();
-                    w.nack_scope = crate::api::tap::NackScope::from(*scope) as i32;
-                    w.rejected = rejected.iter().map(|r| r.name.clone()).collect();
-                    w.applied = applied.clone();
-                }
-                Verdict::Superseded { by_nonce } => w.superseded_by = by_nonce.clone(),
-                Verdict::Unanswered { message, .. } => w.end_message = message.clone(),
-                Verdict::Ack => {}
-            }
-        }
         Event::Warming {
             nonce,
             version,
@@ -224,20 +245,24 @@ fn cut(s: &mut String, max: usize) {
 
 impl Sink for Watchers {
     fn on_event(&mut self, event: &Event) {
-        if !watched(event) {
+        self.deliver(&Delivered::new(event));
+    }
+
+    fn deliver(&mut self, delivered: &Delivered<'_>) {
+        let Some(w) = watched_event(delivered, self.traces()) else {
             return;
-        }
-        if let (Event::Verdict { .. }, Some(w)) = (event, watched_event(event, self.traces())) {
-            let w = bounded(w);
+        };
+        if let Event::Verdict { .. } = delivered.event {
+            let kept = bounded(w.clone());
             let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
             if recent.len() == RECENT {
                 recent.pop_front();
             }
-            recent.push_back(w);
+            recent.push_back(kept);
         }
         if self.tx.receiver_count() > 0 {
             // No receiver left between the check and the send is fine: nothing to deliver.
-            let _ = self.tx.send(event.clone());
+            let _ = self.tx.send(Arc::new(w));
         }
     }
 }

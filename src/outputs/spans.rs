@@ -26,8 +26,11 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use xxhash_rust::xxh3::{xxh3_128, xxh3_64};
 
-use super::record::{VerdictRecord, NAMES_CAP};
-use super::Sink;
+use crate::record::VerdictRecord;
+pub use crate::views::traces::{Grouping, TraceIds};
+use crate::config::UnknownName;
+use crate::api::NAMES_CAP;
+use crate::queue::{Delivered, Sink};
 use crate::correlate::{Event, Timestamp, VerdictKind};
 
 /// OTLP transport.
@@ -39,14 +42,6 @@ pub enum Protocol {
     HttpProtobuf,
 }
 
-/// A name that is none of a setting's choices.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown {what} {value:?}: expected {choices}")]
-pub struct UnknownName {
-    what: &'static str,
-    value: String,
-    choices: &'static str,
-}
 
 impl std::str::FromStr for Protocol {
     type Err = UnknownName;
@@ -58,39 +53,6 @@ impl std::str::FromStr for Protocol {
                 what: "OTLP protocol",
                 value: other.to_string(),
                 choices: "grpc or http/protobuf",
-            }),
-        }
-    }
-}
-
-/// How spans are grouped into traces.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Grouping {
-    /// One trace per config version, across types, proxies and taps.
-    Version,
-    /// One trace per push.
-    Push,
-}
-
-impl std::fmt::Display for Grouping {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Grouping::Version => "version",
-            Grouping::Push => "push",
-        })
-    }
-}
-
-impl std::str::FromStr for Grouping {
-    type Err = UnknownName;
-    fn from_str(s: &str) -> Result<Self, UnknownName> {
-        match s {
-            "version" => Ok(Grouping::Version),
-            "push" => Ok(Grouping::Push),
-            other => Err(UnknownName {
-                what: "grouping",
-                value: other.to_string(),
-                choices: "version or push",
             }),
         }
     }
@@ -224,11 +186,7 @@ pub fn start(
     let sink = SpanSink {
         tx,
         stats,
-        traces: TraceIds {
-            grouping: settings.grouping,
-            control_plane_id: settings.control_plane_id,
-            instance: xxh3_64(instance.as_bytes()),
-        },
+        traces: TraceIds::new(settings.grouping, settings.control_plane_id, &instance),
         scope: InstrumentationScope::builder("xdstap")
             .with_version(env!("CARGO_PKG_VERSION"))
             .build(),
@@ -390,37 +348,6 @@ const WARN_INTERVAL: Duration = Duration::from_secs(30);
 /// Subscription changes waiting for their next push, at most this many streams x types.
 const MAX_CHANGE_KEYS: usize = 4096;
 
-/// How the tap's spans are put into traces: the trace id of a push's span, which the page links
-/// to (`--trace-url`) as the exporter sends it.
-#[derive(Clone, Debug)]
-pub struct TraceIds {
-    grouping: Grouping,
-    control_plane_id: String,
-    instance: u64,
-}
-
-impl TraceIds {
-    /// The trace of the span of the push `nonce` of `type_url` on `stream`, version `version`.
-    pub fn of(&self, version: &str, stream: u64, type_url: &str, nonce: &str) -> TraceId {
-        let key = match self.grouping {
-            Grouping::Version if !version.is_empty() => {
-                format!("version\0{}\0{}", self.control_plane_id, version)
-            }
-            _ => format!(
-                "push\0{}\0{stream}\0{type_url}\0{nonce}",
-                self.instance
-            ),
-        };
-        TraceId::from(xxh3_128(key.as_bytes()).max(1))
-    }
-
-    /// The one trace of every push of `version`, when spans are grouped by version.
-    pub fn of_version(&self, version: &str) -> Option<TraceId> {
-        (self.grouping == Grouping::Version && !version.is_empty())
-            .then(|| self.of(version, 0, "", ""))
-    }
-}
-
 /// Turns verdict events into spans and hands them to the export task.
 pub struct SpanSink {
     tx: mpsc::Sender<SpanData>,
@@ -466,10 +393,10 @@ impl SpanSink {
     }
 
     /// The span of one verdict.
-    pub fn span(&mut self, event: &Event) -> Option<SpanData> {
+    pub fn span(&mut self, delivered: &Delivered<'_>) -> Option<SpanData> {
         let Event::Verdict {
             push, decided_at, ..
-        } = event
+        } = delivered.event
         else {
             return None;
         };
@@ -477,8 +404,8 @@ impl SpanSink {
         if push.heartbeat() {
             return None;
         }
-        let r = VerdictRecord::from_event(event)?;
-        let (attributes, answer, status) = describe(&r);
+        let r = delivered.record()?;
+        let (attributes, answer, status) = describe(r);
         let mut events = SpanEvents::default();
         if let Some(changes) = self.changes.remove(&(r.stream, r.type_url.clone())) {
             events.events.extend(changes);
@@ -491,8 +418,8 @@ impl SpanSink {
         ));
         Some(SpanData {
             span_context: SpanContext::new(
-                self.trace_id(&r),
-                self.span_id(&r),
+                self.trace_id(r),
+                self.span_id(r),
                 TraceFlags::SAMPLED,
                 false,
                 TraceState::default(),
@@ -647,11 +574,15 @@ fn describe(r: &VerdictRecord) -> (Vec<KeyValue>, Vec<KeyValue>, Status) {
 
 impl Sink for SpanSink {
     fn on_event(&mut self, event: &Event) {
-        if let Event::SubscriptionChange { .. } = event {
-            self.note_change(event);
+        self.deliver(&Delivered::new(event));
+    }
+
+    fn deliver(&mut self, delivered: &Delivered<'_>) {
+        if let Event::SubscriptionChange { .. } = delivered.event {
+            self.note_change(delivered.event);
             return;
         }
-        let Some(span) = self.span(event) else {
+        let Some(span) = self.span(delivered) else {
             return;
         };
         if self.tx.try_send(span).is_err() {

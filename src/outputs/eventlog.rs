@@ -6,8 +6,8 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use super::record::{ResubscribeRecord, VerdictRecord};
-use super::Sink;
+use crate::record::ResubscribeRecord;
+use crate::queue::{Delivered, Sink};
 use crate::correlate::Event;
 
 /// Appends one JSON object per verdict to a file.
@@ -37,12 +37,16 @@ impl EventLog {
 
 impl Sink for EventLog {
     fn on_event(&mut self, event: &Event) {
+        self.deliver(&Delivered::new(event));
+    }
+
+    fn deliver(&mut self, delivered: &Delivered<'_>) {
         let Some(out) = self.out.as_mut() else {
             return;
         };
-        let line = if let Some(verdict) = VerdictRecord::from_event(event) {
-            serde_json::to_writer(&mut *out, &verdict)
-        } else if let Some(resubscribe) = ResubscribeRecord::from_event(event) {
+        let line = if let Some(verdict) = delivered.record() {
+            serde_json::to_writer(&mut *out, verdict)
+        } else if let Some(resubscribe) = ResubscribeRecord::from_event(delivered.event) {
             serde_json::to_writer(&mut *out, &resubscribe)
         } else {
             return;

@@ -1,14 +1,15 @@
-//! One verdict as a flat record: what the event log writes per line and what spans carry as
-//! attributes; and a client's resubscribe, which the event log writes too. Names, versions
-//! and digests only; never resource contents.
+//! One verdict as one flat record, built once on the sinks' thread (by the first sink that
+//! reads it, [`crate::queue::Delivered`]) and read by every output and view that shows a
+//! verdict: the log line, the event log, spans, watch and the page. And a client's
+//! resubscribe, which the event log writes too. Names, versions and digests only; never
+//! resource contents; lists capped at [`NAMES_CAP`].
 
+use crate::api::{rfc3339, NAMES_CAP};
 use serde::Serialize;
 
-use crate::correlate::{Event, Timestamp, Verdict, VerdictKind};
+use crate::correlate::{Event, Verdict, VerdictKind};
 use crate::xds::short_type;
 
-/// How many resource names a record lists (the count is always exact).
-pub const NAMES_CAP: usize = 50;
 
 /// A push's fate, flattened.
 #[derive(Debug, Clone, Serialize)]
@@ -262,29 +263,6 @@ impl ResubscribeRecord {
     }
 }
 
-/// Unix nanoseconds as `2026-11-29T13:28:13.123456Z`.
-pub fn rfc3339(t: Timestamp) -> String {
-    let secs = (t / 1_000_000_000) as i64;
-    let micros = (t % 1_000_000_000) / 1_000;
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{micros:06}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
 
 #[cfg(test)]
 mod tests {

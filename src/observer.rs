@@ -1,24 +1,82 @@
 //! The proxy's observer: per xDS stream, gRPC framing -> xDS decode -> correlation, run inline
 //! where the frame is polled (all cheap and synchronous), with events handed to the bounded
-//! queue. Other gRPC methods are only counted. Nothing here can fail or delay forwarding.
+//! queue. Other gRPC methods are only counted. Nothing here can fail or delay forwarding. The
+//! observing side's counters and clock are here too: the rooms downstream read them.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 
-use crate::correlate::{Correlator, Event, Ledger, StreamContext};
+use crate::correlate::{Correlator, Event, Ledger, StreamContext, Timestamp};
 use crate::grpc::{Deframer, Part};
-use crate::sinks::{now, EventSender, TapStats};
+use crate::queue::EventSender;
 use crate::proxy::{Direction, Headers, Observe, Side, StreamEnd, StreamInfo, StreamObserver};
 use crate::xds::decode::{DecodeError, MessageDecoder};
 use crate::xds::scan::MessageKind;
 use crate::xds::{Interner, Message, Method};
 
+/// Wall-clock now, for event timestamps and the views' ages.
+pub fn now() -> Timestamp {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Counters of the observing side.
+#[derive(Debug, Default)]
+pub struct ObserverStats {
+    /// Events dropped because the queue was full.
+    pub dropped_events: AtomicU64,
+    /// xDS messages decoded.
+    pub decoded: AtomicU64,
+    /// Messages not decoded: invalid protobuf.
+    pub decode_invalid: AtomicU64,
+    /// Messages not decoded: compressed with an encoding we do not inflate, or not inflatable.
+    pub decode_encoding: AtomicU64,
+    /// Messages not decoded: over the decode limit.
+    pub decode_too_large: AtomicU64,
+    /// Streams whose gRPC framing broke (the rest of that direction is not decoded).
+    pub framing_errors: AtomicU64,
+    /// Answers naming a nonce the tap never saw pushed.
+    pub unmatched_answers: AtomicU64,
+    /// Pushes whose nonce repeated one still open or recently decided (a control-plane fault).
+    pub nonce_reuses: AtomicU64,
+    /// Pushes of content the client had just NACKed, sent again (a control plane's resend loop).
+    pub rejected_resends: AtomicU64,
+    /// gRPC messages forwarded client -> control plane (any method).
+    pub request_messages: AtomicU64,
+    /// gRPC messages forwarded control plane -> client (any method).
+    pub response_messages: AtomicU64,
+    /// Open SotW xDS streams.
+    pub streams_sotw: AtomicU64,
+    /// Open Delta xDS streams.
+    pub streams_delta: AtomicU64,
+}
+
+impl ObserverStats {
+    /// The message counter of a direction.
+    pub fn messages(&self, d: crate::proxy::Direction) -> &AtomicU64 {
+        match d {
+            crate::proxy::Direction::Request => &self.request_messages,
+            crate::proxy::Direction::Response => &self.response_messages,
+        }
+    }
+
+    /// The open-streams gauge of an API.
+    pub fn api_streams(&self, api: crate::xds::Api) -> &AtomicU64 {
+        match api {
+            crate::xds::Api::Sotw => &self.streams_sotw,
+            crate::xds::Api::Delta => &self.streams_delta,
+        }
+    }
+}
+
 /// The xDS observer.
-pub struct Tap {
+pub struct Observer {
     events: EventSender,
-    stats: Arc<TapStats>,
+    stats: Arc<ObserverStats>,
     decode_limit: u64,
     /// Pushes' resource sets, held once for all streams.
     interner: Arc<Interner>,
@@ -26,10 +84,10 @@ pub struct Tap {
     ledger: Arc<Ledger>,
 }
 
-impl Tap {
-    /// A tap that sends events to `events`.
-    pub fn new(events: EventSender, stats: Arc<TapStats>, decode_limit: u64) -> Self {
-        Tap {
+impl Observer {
+    /// An observer that sends events to `events`.
+    pub fn new(events: EventSender, stats: Arc<ObserverStats>, decode_limit: u64) -> Self {
+        Observer {
             events,
             stats,
             decode_limit,
@@ -39,7 +97,7 @@ impl Tap {
     }
 }
 
-impl Observe for Tap {
+impl Observe for Observer {
     fn on_stream(&self, info: &StreamInfo<'_>) -> Box<dyn StreamObserver> {
         let Some(method) = Method::classify(info.path) else {
             return Box::new(Counting {
@@ -96,7 +154,7 @@ struct Counting {
     counts: [Count; 2],
     /// Per direction; dropped when the body turns out not to be gRPC-framed.
     deframers: [Option<Deframer>; 2],
-    stats: Arc<TapStats>,
+    stats: Arc<ObserverStats>,
 }
 
 impl StreamObserver for Counting {
@@ -140,7 +198,7 @@ struct XdsStream {
     request: Decoding,
     response: Decoding,
     events: EventSender,
-    stats: Arc<TapStats>,
+    stats: Arc<ObserverStats>,
     limit: u64,
     /// Where full chunks of decoded resources are shared with every stream's.
     interner: Arc<Interner>,
@@ -166,7 +224,9 @@ impl XdsStream {
             if let Some(counter) = fault {
                 counter.fetch_add(1, Ordering::Relaxed);
             }
-            self.events.send(e);
+            if !self.events.send(e) {
+                self.stats.dropped_events.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
@@ -345,44 +405,5 @@ impl XdsStream {
             let decoded = percent_encoding::percent_decode_str(m).decode_utf8_lossy();
             self.grpc_message = Some(decoded.into_owned());
         }
-    }
-}
-
-/// A running observation pipeline: the observer to give the proxy, and the sinks it feeds.
-pub struct Pipeline {
-    /// The observer for [`crate::proxy::Proxy::new`].
-    pub tap: Arc<Tap>,
-    sinks: crate::sinks::Sinks,
-}
-
-/// How a [`Pipeline`] is set up.
-#[derive(Debug, Clone)]
-pub struct PipelineOptions {
-    /// Events waiting for the sinks before new ones are dropped and counted.
-    pub queue_capacity: usize,
-    /// Largest message decoded, bytes.
-    pub decode_limit: u64,
-}
-
-impl Pipeline {
-    /// Starts the sinks (log lines, then `sinks`) on their own thread, counting into `stats`.
-    pub fn start(
-        options: PipelineOptions,
-        stats: Arc<TapStats>,
-        sinks: Vec<Box<dyn crate::sinks::Sink>>,
-    ) -> std::io::Result<Pipeline> {
-        let mut all: Vec<Box<dyn crate::sinks::Sink>> = vec![Box::new(crate::sinks::LogSink)];
-        all.extend(sinks);
-        let (events, sinks) =
-            crate::sinks::Sinks::start(options.queue_capacity, stats.clone(), all)?;
-        Ok(Pipeline {
-            tap: Arc::new(Tap::new(events, stats, options.decode_limit)),
-            sinks,
-        })
-    }
-
-    /// Delivers what is queued, then drops the sinks (exporters flush on drop of their sink).
-    pub async fn close(self) {
-        self.sinks.close().await;
     }
 }

@@ -12,11 +12,12 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use super::board::StatusBoard;
+use crate::views::board::StatusBoard;
 use crate::api::tap::SyncState;
 use crate::proxy::counter;
 use super::spans::SpanStats;
-use super::{Sink, TapStats};
+use crate::observer::ObserverStats;
+use crate::queue::Sink;
 use crate::correlate::Event;
 use crate::proxy::ProxyStats;
 use crate::xds::short_type;
@@ -82,7 +83,7 @@ pub struct Sources {
     /// The forwarder's counters.
     pub proxy: Arc<ProxyStats>,
     /// The observer's counters.
-    pub tap: Arc<TapStats>,
+    pub tap: Arc<ObserverStats>,
     /// Span export counters.
     pub spans: Arc<SpanStats>,
     /// Client states.
@@ -330,7 +331,7 @@ impl Sources {
                 ("framing", counter(&t.framing_errors)),
             ],
         ));
-        let counts = self.status.counts(super::now());
+        let counts = self.status.counts(crate::observer::now());
         let states = [
             SyncState::Synced,
             SyncState::NotSent,

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 
-use super::record::{rfc3339, NAMES_CAP};
-use super::Sink;
+use crate::api::{rfc3339, NAMES_CAP};
+use crate::queue::Sink;
 use crate::correlate::{Event, Push, Timestamp, Verdict};
 use crate::xds::{short_type, Api};
 

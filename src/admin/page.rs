@@ -91,6 +91,39 @@ fn batch(verdicts: &[WatchEvent], more: u64) -> Result<Frame<Bytes>, Infallible>
     event(&serde_json::to_string(&Batch { verdicts, more }).unwrap_or_default())
 }
 
+/// What one message of `/events` carries of the events that came within a [`BATCH`]: the
+/// verdicts, at most [`BATCH_NACKS`] NACKs and [`BATCH_OTHERS`] others, in time order, each
+/// [`bounded`]; and how many more there were (those left out, and those the page missed).
+fn verdicts_of(
+    chunk: Vec<Result<std::sync::Arc<WatchEvent>, BroadcastStreamRecvError>>,
+) -> (Vec<WatchEvent>, u64) {
+    let (mut nacks, mut others, mut more) = (Vec::new(), Vec::new(), 0u64);
+    for e in chunk {
+        let e = match e {
+            Ok(e) => e,
+            Err(BroadcastStreamRecvError::Lagged(n)) => {
+                more += n;
+                continue;
+            }
+        };
+        let kind = e.kind();
+        if !kind.is_verdict() {
+            continue;
+        }
+        let (list, cap) = match kind == Kind::Nack {
+            true => (&mut nacks, BATCH_NACKS),
+            false => (&mut others, BATCH_OTHERS),
+        };
+        match list.len() < cap {
+            true => list.push(bounded(WatchEvent::clone(&e))),
+            false => more += 1,
+        }
+    }
+    nacks.extend(others);
+    nacks.sort_by(|a, b| a.time.cmp(&b.time));
+    (nacks, more)
+}
+
 /// The verdicts as server-sent events: the recent ones, then a message every [`BATCH`] with
 /// what was decided meanwhile (NACKs first to be kept), a comment when nothing happens for a
 /// while. It takes one of the watchers' seats.
@@ -112,31 +145,8 @@ fn events(admin: &Admin) -> Response<Body> {
     ];
     let live = live.chunks_timeout(4096, BATCH).map(move |chunk| {
         let _seat = &seat;
-        let (mut nacks, mut others, mut more) = (Vec::new(), Vec::new(), 0u64);
-        for e in chunk {
-            let e = match e {
-                Ok(e) => e,
-                Err(BroadcastStreamRecvError::Lagged(n)) => {
-                    more += n;
-                    continue;
-                }
-            };
-            let kind = e.kind();
-            if !kind.is_verdict() {
-                continue;
-            }
-            let (list, cap) = match kind == Kind::Nack {
-                true => (&mut nacks, BATCH_NACKS),
-                false => (&mut others, BATCH_OTHERS),
-            };
-            match list.len() < cap {
-                true => list.push(bounded(WatchEvent::clone(&e))),
-                false => more += 1,
-            }
-        }
-        nacks.extend(others);
-        nacks.sort_by(|a, b| a.time.cmp(&b.time));
-        batch(&nacks, more)
+        let (verdicts, more) = verdicts_of(chunk);
+        batch(&verdicts, more)
     });
     let alive = IntervalStream::new(tokio::time::interval(KEEP_ALIVE))
         .map(|_| Ok(Frame::data(Bytes::from_static(b": alive\n\n"))));
@@ -144,4 +154,38 @@ fn events(admin: &Admin) -> Response<Body> {
     (guarded(StatusCode::OK, "text/event-stream"))
         .body(Body::new(body))
         .expect("static parts")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn event(kind: Kind, i: usize) -> Result<Arc<WatchEvent>, BroadcastStreamRecvError> {
+        Ok(Arc::new(WatchEvent {
+            time: format!("2026-12-03T12:00:{:02}.{i:06}Z", i / 1000),
+            node: format!("n{i}"),
+            kind: kind as i32,
+            ..Default::default()
+        }))
+    }
+
+    /// A burst of 100 NACKs and 100 ACKs within one batch, a warming event and 7 missed: the
+    /// message carries 50 NACKs and 20 ACKs in time order and says 137 more.
+    #[test]
+    fn a_batch_keeps_fifty_nacks_and_twenty_others() {
+        let mut chunk = Vec::new();
+        for i in 0..100 {
+            chunk.push(event(Kind::Ack, 2 * i));
+            chunk.push(event(Kind::Nack, 2 * i + 1));
+        }
+        chunk.push(event(Kind::Warming, 500));
+        chunk.push(Err(BroadcastStreamRecvError::Lagged(7)));
+        let (verdicts, more) = verdicts_of(chunk);
+        let count = |k: Kind| verdicts.iter().filter(|w| w.kind() == k).count();
+        assert_eq!((count(Kind::Nack), count(Kind::Ack)), (BATCH_NACKS, BATCH_OTHERS));
+        assert_eq!(verdicts.len(), 70, "no warming event");
+        assert!(verdicts.windows(2).all(|w| w[0].time <= w[1].time), "in time order");
+        assert_eq!(more, 50 + 80 + 7);
+    }
 }

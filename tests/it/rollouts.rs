@@ -100,6 +100,18 @@ async fn who_took_each_version_across_a_fix_a_bystander_and_a_restart() {
 
     // v2: envoy-3 alone gets a cluster it rejects; a watch sees the NACK live.
     let (_watch, watched) = watch(&["--admin", &admin, "--verdict", "nack", "-o", "json"]);
+    let (_one, one) = watch(&[
+        "--admin",
+        &admin,
+        "--node",
+        "envoy-1",
+        "-t",
+        "CDS",
+        "--verdict",
+        "ack,nack",
+        "-o",
+        "json",
+    ]);
     cp.set_for_node("envoy-3", Snapshot::standard("v2", 2000, 0, 9));
     cp.set(Snapshot::standard("v2", 2000, 1000, 9));
     let (code, out, err) = xdstap(&["wait", "--admin", &admin, "--version", "v2"]).await;
@@ -133,6 +145,15 @@ async fn who_took_each_version_across_a_fix_a_bystander_and_a_restart() {
     );
     assert_eq!(live["version"], "v2");
     assert_eq!(live["error_message"], nacked[0].1.as_str());
+    // `watch --node envoy-1`: envoy-1's answer to v2, and nothing of the others'.
+    let line = one.next(20, "envoy-1's answer watched");
+    let mine: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(
+        (mine["node"].as_str(), mine["version"].as_str()),
+        (Some("envoy-1"), Some("v2"))
+    );
+    assert_eq!(mine["kind"], "ACK", "{line}");
+    assert_eq!(one.try_next(1000), None, "only envoy-1's verdicts");
 
     let (code, out, _) = xdstap(&["rollout", "--admin", &admin, "v2"]).await;
     println!("xdstap rollout v2:\n{out}");

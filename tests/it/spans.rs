@@ -619,3 +619,41 @@ async fn two_taps_with_one_control_plane_id_give_one_trace_per_version() {
     );
     drop(envoys);
 }
+
+/// With no span flag or key, the OpenTelemetry environment turns export on, as the SDKs read
+/// it: `OTEL_EXPORTER_OTLP_ENDPOINT` and `OTEL_EXPORTER_OTLP_PROTOCOL` given to the `xdstap`
+/// binary, a real Envoy through it, and its CDS push's span reaches the receiver over gRPC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_otel_environment_turns_spans_on() {
+    use std::process::{Command, Stdio};
+    let dir = support::TempDir::new("otel-env");
+    let receiver = Receiver::grpc().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cp_addr = listener.local_addr().unwrap().to_string();
+    let cp = ControlPlane::new(Snapshot::standard("v1", 1000, 1000, 9));
+    let _server = cp.serve(listener);
+    let sock = dir.path().join("tap.sock");
+    let mut tap = support::Child(
+        Command::new(env!("CARGO_BIN_EXE_xdstap"))
+            .args(["run", "--listen"])
+            .arg(format!("unix:{}", sock.display()))
+            .args(["--upstream", &cp_addr, "--admin", "off"])
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.endpoint)
+            .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    support::listening(&sock).await;
+    let envoy = Envoy::start("node-1", Xds::Unix(sock.clone()), false).await;
+    let span = wait_span(&receiver, "the CDS ack span", |s| {
+        s.text("xds.type").as_deref() == Some("CDS")
+            && s.text("xds.verdict").as_deref() == Some("ack")
+    })
+    .await;
+    assert_eq!(span[0].text("xds.node.id").as_deref(), Some("node-1"));
+    assert_eq!(span[0].text("xds.version").as_deref(), Some("v1"));
+    drop(envoy);
+    tap.terminate();
+}

@@ -186,6 +186,13 @@ impl Lines {
         }
     }
 
+    /// The next line if one comes within `millis`.
+    pub fn try_next(&self, millis: u64) -> Option<String> {
+        (self.0)
+            .recv_timeout(std::time::Duration::from_millis(millis))
+            .ok()
+    }
+
     /// Every line until the pipe ends, which must be within `secs`.
     pub fn rest(&self, secs: u64) -> String {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);

@@ -32,7 +32,8 @@ async fn wait_verdict(
 }
 
 /// Every ack/nack the tap gave matches Envoy's answer as the control plane saw it; every
-/// unanswered push really has no answer.
+/// unanswered or superseded push really has no answer (and the push that superseded it was
+/// sent).
 fn check_against_control_plane(tap: &XdsTap, cp: &ControlPlane) {
     for v in tap.verdicts() {
         let answer = cp.answer_to(&v.nonce);
@@ -51,7 +52,15 @@ fn check_against_control_plane(tap: &XdsTap, cp: &ControlPlane) {
             V::Unanswered { .. } => {
                 assert!(answer.is_none(), "answered push called unanswered: {v:?}")
             }
-            V::Superseded { .. } => {}
+            // Replaced before its answer: the control plane heard none naming it, and it did
+            // send the push that replaced it.
+            V::Superseded { by_nonce } => {
+                assert!(answer.is_none(), "answered push called superseded: {v:?}");
+                assert!(
+                    cp.sent().iter().any(|s| s.nonce == *by_nonce),
+                    "superseded by {by_nonce}, which the control plane never sent: {v:?}"
+                );
+            }
         }
     }
 }

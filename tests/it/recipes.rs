@@ -1,5 +1,6 @@
 //! The deployment recipes in config/: every Envoy bootstrap in them passes the real Envoy's
-//! `--mode validate`, and every xdstap config in them passes `xdstap check-config`.
+//! `--mode validate`, and every xdstap config in them passes `xdstap check-config`; the
+//! Dockerfile builds and runs what the manifests expect.
 
 use crate::support;
 
@@ -153,4 +154,60 @@ fn the_kubernetes_and_istio_manifests_carry_valid_configs() {
         }
     }
     assert_eq!((envoys, taps), (1, 2));
+}
+
+/// The Dockerfile builds what the manifests run (no container engine here, so its parts are
+/// checked): the lock file is current for its `--locked` build of the `xdstap` binary; the
+/// image runs `run --config /etc/xdstap/xdstap.yaml`, where every manifest mounts its
+/// configuration and passes that file; it exposes the ports the manifests name (15010 for xDS,
+/// 9977 for the admin address, the default's port); and its build context leaves out what a
+/// checkout grows (target/, the test peers' installs).
+#[test]
+fn the_dockerfile_builds_and_runs_what_the_manifests_expect() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).unwrap();
+    assert!(
+        dockerfile.contains("cargo build --release --locked --bin xdstap"),
+        "{dockerfile}"
+    );
+    let locked = Command::new(env!("CARGO"))
+        .args(["metadata", "--locked", "--offline", "--format-version", "1"])
+        .current_dir(root)
+        .stdout(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        locked.status.success(),
+        "Cargo.lock is not current for --locked: {}",
+        String::from_utf8_lossy(&locked.stderr)
+    );
+    assert!(
+        dockerfile.contains(r#"CMD ["run", "--config", "/etc/xdstap/xdstap.yaml"]"#),
+        "{dockerfile}"
+    );
+    let admin_port = xdstap::config::DEFAULT_ADMIN.rsplit(':').next().unwrap();
+    assert!(
+        dockerfile.contains(&format!("EXPOSE 15010 {admin_port}")),
+        "{dockerfile}"
+    );
+    for manifest in [
+        "config/kubernetes/xdstap-with-jaeger.yaml",
+        "config/istio/xdstap-in-front-of-istiod.yaml",
+    ] {
+        let text = std::fs::read_to_string(root.join(manifest)).unwrap();
+        assert!(
+            text.contains(r#"args: ["run", "--config", "/etc/xdstap/xdstap.yaml""#)
+                && text.contains("mountPath: /etc/xdstap }")
+                && text.contains("containerPort: 15010")
+                && text.contains(&format!("containerPort: {admin_port}")),
+            "{manifest} runs what the image does not"
+        );
+    }
+    let ignored = std::fs::read_to_string(root.join(".dockerignore")).unwrap();
+    for dir in ["target", ".envoy", ".grpc", ".kv", "fuzz/target"] {
+        assert!(
+            ignored.lines().any(|l| l == dir),
+            "{dir} in the build context"
+        );
+    }
 }

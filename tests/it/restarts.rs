@@ -158,6 +158,7 @@ async fn fifty_control_plane_restarts_under_three_envoys() {
         })
     };
     let mut unanswered = 0;
+    let mut superseded = 0;
     let mut acks = 0;
     let mut unheard = 0;
     for (nonce, verdict) in &verdicts {
@@ -182,7 +183,10 @@ async fn fifty_control_plane_restarts_under_three_envoys() {
                 unanswered += 1;
                 assert!(answer.is_none(), "answered push {nonce} called unanswered");
             }
-            Verdict::Superseded { .. } => {}
+            Verdict::Superseded { .. } => {
+                superseded += 1;
+                assert!(answer.is_none(), "answered push {nonce} called superseded");
+            }
         }
     }
     let resubscribes = tap
@@ -192,7 +196,7 @@ async fn fifty_control_plane_restarts_under_three_envoys() {
         .count();
     println!(
         "{RESTARTS} restarts x {} Envoys: {} verdicts ({acks} ack, {unheard} of them answered as the \
-         control plane died, {unanswered} unanswered), {resubscribes} resubscribes",
+         control plane died, {unanswered} unanswered, {superseded} superseded), {resubscribes} resubscribes",
         nodes.len(),
         verdicts.len()
     );

@@ -362,21 +362,24 @@ async fn a_client_that_never_answers_turns_stale() {
 }
 
 /// With no --admin, the admin server listens on 127.0.0.1:9977 only, and /readyz tells an
-/// unreachable upstream by name.
+/// unreachable upstream by name. The tap runs in a network namespace of its own (`unshare
+/// --net`, its loopback up), so the fixed default port is its own whatever else runs here;
+/// the test reads the namespace's sockets from /proc and asks over HTTP from inside it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_server_listens_on_loopback_by_default() {
     let dir = support::TempDir::new("admin");
     let sock = dir.path().join("tap.sock");
     let stderr = dir.path().join("stderr.log");
-    // An upstream nobody listens on.
-    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let upstream = dead.local_addr().unwrap().to_string();
-    drop(dead);
+    // An upstream nobody listens on: the namespace has nothing else.
+    let upstream = "127.0.0.1:9";
+    let script = format!(
+        "ip link set lo up && exec {} run --listen unix:{} --upstream {upstream}",
+        env!("CARGO_BIN_EXE_xdstap"),
+        sock.display()
+    );
     let tap = support::Child(
-        Command::new(env!("CARGO_BIN_EXE_xdstap"))
-            .args(["run", "--listen"])
-            .arg(format!("unix:{}", sock.display()))
-            .args(["--upstream", &upstream])
+        Command::new("unshare")
+            .args(["--net", "sh", "-c", &script])
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&stderr).unwrap())
             .spawn()
@@ -404,13 +407,30 @@ async fn the_admin_server_listens_on_loopback_by_default() {
         .map(|l| l.split_whitespace().nth(1).unwrap())
         .collect();
     assert_eq!(listening, ["0100007F:26F9"], "{tcp}");
-    let (code, body) = get("127.0.0.1:9977", "/healthz").await;
-    assert_eq!((code, body.as_str()), (200, "ok\n"));
-    let (code, body) = get("127.0.0.1:9977", "/readyz").await;
+    // Asked from inside the namespace.
+    let get = |path: &str| {
+        let ask = format!(
+            "import urllib.request, urllib.error\n\
+             try:\n    r = urllib.request.urlopen('http://127.0.0.1:9977{path}', timeout=5)\n    \
+             print(r.status); print(r.read().decode())\n\
+             except urllib.error.HTTPError as e:\n    print(e.code); print(e.read().decode())\n"
+        );
+        let out = Command::new("nsenter")
+            .arg(format!("--net=/proc/{pid}/ns/net"))
+            .args(["python3", "-c", &ask])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (code, body) = text.split_once('\n').unwrap_or_else(|| panic!("{out:?}"));
+        (code.parse::<u16>().unwrap(), body.trim_end().to_string())
+    };
+    assert_eq!(get("/healthz"), (200, "ok".to_string()));
+    let (code, body) = get("/readyz");
     assert_eq!(code, 503);
-    assert!(body.contains(&upstream), "{body}");
+    assert!(body.contains(upstream), "{body}");
     drop(tap);
 }
+
 #[test]
 fn the_metrics_parser_is_strict() {
     let ok = "# HELP a_x A.\n# TYPE a_x counter\na_x_total{type=\"CDS\",verdict=\"ack\"} 3\n# TYPE g gauge\ng 1.5\n# EOF\n";

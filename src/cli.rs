@@ -3,6 +3,7 @@
 //! its option, flag and value, and exits 64.
 
 pub mod client;
+pub mod command;
 pub mod fleet;
 pub mod rollout;
 pub mod status;

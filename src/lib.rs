@@ -25,7 +25,8 @@
 //!   `/metrics`, `/healthz`, `/readyz`, and over gRPC the tap's API and CSDS.
 //! - [`config`]: the options (flags and YAML keys, one definition) and their validation.
 //! - [`server`]: the assembly: a config and a listener become a running tap ([`run`]).
-//! - [`cli`]: the command line, and the commands that ask a running tap over its API:
+//! - [`cli`]: the command line (its `command` owns the process: flags, logging, limits,
+//!   signals, exit codes), and the commands that ask a running tap over its API:
 //!   `status`, `rollout`, `wait`, `watch`.
 //! - [`demo`]: `xdstap demo`: an embedded control plane, a real Envoy, the story.
 //!
@@ -35,8 +36,8 @@
 //! - `observer` -> `queue` (and the `record` it builds) -> `views` -> `outputs`: each uses
 //!   nothing after it (but the observer its queue), and none uses `admin`, which serves them.
 //! - the core reads no clock; its `correlate` imports only from `xds`.
-//! - Nothing imports from `demo` or the binary except the assembly (`server`, and the binary
-//!   itself).
+//! - The command line (`main`, `cli` with the process's `main`, `demo`) uses the library like
+//!   an embedder; nothing else uses it.
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -74,4 +75,5 @@ pub use xdstap_core::{correlate, grpc, xds};
 #[cfg(not(feature = "internals"))]
 use xdstap_core::{correlate, grpc, xds};
 
-pub use server::{main, run, Running, Server};
+pub use cli::command::main;
+pub use server::{run, Running, Server};

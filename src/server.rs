@@ -3,10 +3,6 @@
 //! The only module that wires the others together; `command` is the `xdstap` command line
 //! over it.
 
-mod command;
-
-pub use command::main;
-
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;

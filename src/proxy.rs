@@ -186,7 +186,7 @@ pub struct ProxyStats {
     /// Downstream connections that failed their TLS handshake.
     pub handshake_errors: AtomicU64,
     /// Connections closed because the client sent nothing within
-    /// [`listen::FIRST_BYTES_TIMEOUT`] (never a control-plane connection for them).
+    /// `listen::FIRST_BYTES_TIMEOUT` (never a control-plane connection for them).
     pub silent_connections: AtomicU64,
     /// Connections closed on accept because `max_connections` were open.
     pub refused_connections: AtomicU64,

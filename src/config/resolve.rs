@@ -151,7 +151,7 @@ pub struct AdminSettings {
     pub trace_url: Option<String>,
     /// Admin connections open at once at most; past it clients wait in the kernel's backlog.
     /// Not an option: `xdstap run` sets it to a share of the open-files limit
-    /// ([`crate::admin::connections_for`]), so slow admin clients cannot take the descriptors
+    /// (`admin::connections_for`), so slow admin clients cannot take the descriptors
     /// the xDS side needs.
     pub max_connections: usize,
 }

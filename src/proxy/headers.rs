@@ -86,7 +86,7 @@ impl Default for HeaderReader {
 impl HeaderReader {
     /// The receiving side announced SETTINGS_HEADER_TABLE_SIZE `n`: the sender may size its
     /// table up to it. The initial 4,096 stays allowed (blocks encoded before the sender saw
-    /// the setting), and past [`MAX_TABLE`] the tap does not follow.
+    /// the setting), and past `MAX_TABLE` the tap does not follow.
     pub fn allow_table_size(&mut self, n: u32) {
         let n = (n as usize).clamp(4096, MAX_TABLE);
         self.decoder.set_max_allowed_table_size(n);

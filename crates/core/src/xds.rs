@@ -134,7 +134,7 @@ struct Timed {
 }
 
 /// A response's resources packed for keeping: a 16-byte entry each, and the names and versions
-/// back to back in bytes, in chunks of [`CHUNK`] resources.
+/// back to back in bytes, in chunks of `CHUNK` resources.
 ///
 /// Chunks are what a fleet shares: each full one is swapped, as soon as it is full, for the
 /// equal chunk already alive (an [`Interner`]'s), so a thousand streams decoding the same push
@@ -143,7 +143,7 @@ struct Timed {
 ///
 /// Names are front- and back-coded against the name before them: a control plane's names share
 /// long heads and tails (`outbound|8080||`, `.svc.cluster.local`), so most names keep only the
-/// bytes that differ and two length bytes. Every [`RESTART`]th name of a chunk (its first
+/// bytes that differ and two length bytes. Every `RESTART`th name of a chunk (its first
 /// among them) is kept whole, so a chunk depends on its own names only, [`Resources::get`]
 /// decodes at most that many names, and [`Resources::iter`] decodes each once. Names alike but
 /// for a number, as a control plane's are, keep a few bytes each (unit test

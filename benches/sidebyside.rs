@@ -28,6 +28,9 @@
 #[allow(dead_code)]
 mod otlp;
 
+#[path = "common/l4.rs"]
+mod l4;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -815,36 +818,9 @@ fn h2load(p: &Proxy, requests: usize) -> Option<(f64, Option<f64>)> {
     Some((mbs * 1.048576, cpu))
 }
 
-/// The L4 relay column: `SIDEBYSIDE_L4="LISTEN UPSTREAM"` makes this binary that relay.
-fn l4_relay(spec: &str) -> ! {
-    let (listen, upstream) = spec.split_once(' ').unwrap();
-    let (listen, upstream) = (listen.to_string(), upstream.to_string());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async move {
-        let listener = TcpListener::bind(&listen).await.unwrap();
-        loop {
-            let (mut down, _) = listener.accept().await.unwrap();
-            let upstream = upstream.clone();
-            tokio::spawn(async move {
-                let _ = down.set_nodelay(true);
-                let Ok(mut up) = TcpStream::connect(&upstream).await else {
-                    return;
-                };
-                let _ = up.set_nodelay(true);
-                let buf = 256 << 10;
-                let _ =
-                    tokio::io::copy_bidirectional_with_sizes(&mut down, &mut up, buf, buf).await;
-            });
-        }
-    })
-}
-
 fn main() {
     if let Ok(spec) = std::env::var("SIDEBYSIDE_L4") {
-        l4_relay(&spec);
+        l4::relay(&spec);
     }
     let full = std::env::args().any(|a| a == "--bench");
     let rt = tokio::runtime::Builder::new_multi_thread()

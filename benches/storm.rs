@@ -22,6 +22,9 @@
 //! (10,000), `STORM_TAP_ARGS` flags added to the tap's, `STORM_TAP_WRAP` a command (a
 //! profiler) to run the tap under. Under `cargo test` it runs a small smoke version.
 
+#[path = "common/l4.rs"]
+mod l4;
+
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -643,39 +646,9 @@ async fn reconnect_storm(name: &str, streams: usize, clusters: usize) -> [Durati
     [at(0.5), at(0.9), at(1.0)]
 }
 
-/// The cheapest relay that touches every byte (tokio's `copy_bidirectional`, 256 KiB buffers,
-/// one thread, a listen backlog of 4096): `STORM_L4="LISTEN UPSTREAM"` makes this binary that
-/// relay, for the reconnect storm's `l4-relay` column.
-fn l4_relay(spec: &str) -> ! {
-    let (listen_at, upstream) = spec.split_once(' ').unwrap();
-    let (listen_at, upstream) = (listen_at.to_string(), upstream.to_string());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async move {
-        let listener = listen(&listen_at);
-        loop {
-            let (mut down, _) = listener.accept().await.unwrap();
-            let upstream = upstream.clone();
-            tokio::spawn(async move {
-                let _ = down.set_nodelay(true);
-                let Ok(mut up) = TcpStream::connect(&upstream).await else {
-                    return;
-                };
-                let _ = up.set_nodelay(true);
-                let buf = 256 << 10;
-                let _ =
-                    tokio::io::copy_bidirectional_with_sizes(&mut down, &mut up, buf, buf).await;
-            });
-        }
-    });
-    std::process::exit(0)
-}
-
 fn main() {
     if let Ok(spec) = std::env::var("STORM_L4") {
-        l4_relay(&spec);
+        l4::relay(&spec);
     }
     let full = std::env::args().any(|a| a == "--bench");
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -5,7 +5,7 @@
 //! `application/grpc`): the tap's own API, `xdstap.v1.Tap` ([`api`]), and CSDS ([`csds`]).
 //! Read-only: nothing here changes what the tap does.
 
-pub mod api;
+pub mod service;
 pub mod csds;
 pub mod page;
 pub mod ready;
@@ -66,8 +66,8 @@ pub struct Admin {
     /// The page's link to a trace (`{trace_id}` in it).
     pub trace_url: Option<String>,
     /// The watchers' seats taken (gRPC watches and pages' `/events`), at most
-    /// [`api::MAX_WATCHERS`].
-    pub seats: api::Seats,
+    /// [`service::MAX_WATCHERS`].
+    pub seats: service::Seats,
 }
 
 impl Admin {
@@ -104,7 +104,7 @@ fn with_reflection(routes: tonic::service::Routes) -> tonic::service::Routes {
 
 /// Serves HTTP/1.1 and HTTP/2 on `listener` until the task is dropped or aborted.
 pub async fn serve(listener: Listener, admin: Arc<Admin>, max_connections: usize) {
-    let grpc = tonic::service::Routes::new(TapServer::new(api::TapApi(admin.clone())))
+    let grpc = tonic::service::Routes::new(TapServer::new(service::TapApi(admin.clone())))
         .add_service(ClientStatusDiscoveryServiceServer::new(csds::Csds(
             admin.clone(),
         )));

@@ -18,7 +18,7 @@ use tokio_stream::wrappers::{BroadcastStream, IntervalStream};
 use tokio_stream::StreamExt;
 use tonic::body::Body;
 
-use super::api::Seat;
+use super::service::Seat;
 use super::Admin;
 use crate::api::tap::WatchEvent;
 use crate::api::tap::watch_event::Kind;

@@ -26,10 +26,20 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
-pub use frame::{Broken, Frame, FrameReader, Reason, StreamId, PREFACE};
-pub use headers::{HeaderReader, Headers, HpackError, MAX_HEADER_LIST};
+pub use frame::{Reason, PREFACE};
+pub use headers::Headers;
 pub use listen::{AddressError, Endpoint, Io, Listener};
-pub use reader::{ConnectionReader, MAX_HEADER_BLOCK, MAX_STREAMS};
+pub use reader::{MAX_HEADER_BLOCK, MAX_STREAMS};
+// The frame and HPACK readers are how the proxy reads, not its API: public to the crate's own
+// tests and fuzz targets only.
+#[cfg(feature = "internals")]
+pub use frame::{Broken, Frame, FrameReader, StreamId};
+#[cfg(feature = "internals")]
+pub use headers::{HeaderReader, HpackError, MAX_HEADER_LIST};
+#[cfg(feature = "internals")]
+pub use reader::ConnectionReader;
+#[cfg(not(feature = "internals"))]
+use reader::ConnectionReader;
 pub use relay::READ_CHUNK;
 pub use tls::{ClientTls, ServerTls, TlsError};
 pub use upstream::{ConnectError, Connector};

@@ -258,6 +258,7 @@ impl FrameReader {
     }
 
     /// Why it stopped, if it did.
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // the tests' and fuzzers'
     pub fn broken(&self) -> Option<Broken> {
         match self.state {
             State::Broken(b) => Some(b),

@@ -248,6 +248,7 @@ impl ConnectionReader {
     }
 
     /// Why observation stopped, if it has.
+    #[cfg_attr(not(feature = "internals"), allow(dead_code))] // the tests' and fuzzers'
     pub fn stopped(&self) -> Option<&str> {
         self.stopped.as_deref()
     }

@@ -24,7 +24,7 @@ use tonic::body::Body;
 use tonic::codegen::Service;
 
 use crate::api::csds::client_status_discovery_service_server::ClientStatusDiscoveryServiceServer;
-use crate::api::tap::tap_server::TapServer;
+use crate::api::v1::tap_server::TapServer;
 use crate::views::board::StatusBoard;
 use crate::views::rollout::Rollouts;
 use crate::views::watch::Watchers;
@@ -72,7 +72,7 @@ pub struct Admin {
 
 impl Admin {
     /// The rollouts `ask` asks for, each named by its trace when spans share one per version.
-    pub fn rollouts(&self, ask: &crate::api::tap::RolloutsRequest) -> crate::api::tap::RolloutReport {
+    pub fn rollouts(&self, ask: &crate::api::v1::RolloutsRequest) -> crate::api::v1::RolloutReport {
         let mut report = self.rollouts.report(crate::observer::now(), ask);
         if let Some(traces) = &self.traces {
             for r in &mut report.rollouts {
@@ -218,7 +218,7 @@ async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Body> {
         }
         "/rollouts" => {
             let query = req.uri().query();
-            let ask = crate::api::tap::RolloutsRequest {
+            let ask = crate::api::v1::RolloutsRequest {
                 version: params(query, "version").next().unwrap_or_default(),
                 types: params(query, "type").collect(),
                 every_node: params(query, "every_node").any(|v| v == "true" || v == "1"),

@@ -10,7 +10,7 @@ pub const DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descrip
 
 /// `xdstap.v1`: status, rollouts and watch.
 #[allow(clippy::all, missing_docs)]
-pub mod tap {
+pub mod v1 {
     tonic::include_proto!("xdstap.v1");
 }
 
@@ -67,35 +67,35 @@ pub fn rfc3339(t: crate::correlate::Timestamp) -> String {
     )
 }
 
-impl tap::SyncState {
+impl v1::SyncState {
     /// As tables show it.
     pub fn label(self) -> &'static str {
         match self {
-            tap::SyncState::Synced => "SYNCED",
-            tap::SyncState::NotSent => "NOT SENT",
-            tap::SyncState::Pending => "PENDING",
-            tap::SyncState::Nacked => "NACKED",
-            tap::SyncState::Stale => "STALE",
-            tap::SyncState::Unspecified => "?",
+            v1::SyncState::Synced => "SYNCED",
+            v1::SyncState::NotSent => "NOT SENT",
+            v1::SyncState::Pending => "PENDING",
+            v1::SyncState::Nacked => "NACKED",
+            v1::SyncState::Stale => "STALE",
+            v1::SyncState::Unspecified => "?",
         }
     }
 
     /// NACKED and STALE need someone's attention.
     pub fn is_problem(self) -> bool {
-        matches!(self, tap::SyncState::Nacked | tap::SyncState::Stale)
+        matches!(self, v1::SyncState::Nacked | v1::SyncState::Stale)
     }
 
     /// The state a node shows: its worst type's, the greatest in the order the proto declares
     /// them (SYNCED, NOT SENT, PENDING, NACKED, STALE); NOT SENT when it has no type.
-    pub fn worst(states: impl Iterator<Item = tap::SyncState>) -> tap::SyncState {
-        states.max().unwrap_or(tap::SyncState::NotSent)
+    pub fn worst(states: impl Iterator<Item = v1::SyncState>) -> v1::SyncState {
+        states.max().unwrap_or(v1::SyncState::NotSent)
     }
 }
 
-impl tap::rollout_node::Standing {
+impl v1::rollout_node::Standing {
     /// As tables show it.
     pub fn label(self) -> &'static str {
-        use tap::rollout_node::Standing;
+        use v1::rollout_node::Standing;
         match self {
             Standing::Pending => "pending",
             Standing::Acked => "acked",
@@ -110,7 +110,7 @@ impl tap::rollout_node::Standing {
     /// It rejected the version or never answered it: it fails the rollout unless it has
     /// accepted a newer version since.
     pub fn missed(self) -> bool {
-        use tap::rollout_node::Standing;
+        use v1::rollout_node::Standing;
         matches!(
             self,
             Standing::Nacked | Standing::Partial | Standing::Unanswered
@@ -118,31 +118,31 @@ impl tap::rollout_node::Standing {
     }
 }
 
-impl tap::NackScope {
+impl v1::NackScope {
     /// As messages say it.
     pub fn label(self) -> &'static str {
         match self {
-            tap::NackScope::Whole => "whole",
-            tap::NackScope::Partial => "partial",
-            tap::NackScope::Unknown | tap::NackScope::Unspecified => "unknown",
+            v1::NackScope::Whole => "whole",
+            v1::NackScope::Partial => "partial",
+            v1::NackScope::Unknown | v1::NackScope::Unspecified => "unknown",
         }
     }
 }
 
-impl From<crate::correlate::Scope> for tap::NackScope {
+impl From<crate::correlate::Scope> for v1::NackScope {
     fn from(scope: crate::correlate::Scope) -> Self {
         match scope {
-            crate::correlate::Scope::Whole => tap::NackScope::Whole,
-            crate::correlate::Scope::Partial => tap::NackScope::Partial,
-            crate::correlate::Scope::Unknown => tap::NackScope::Unknown,
+            crate::correlate::Scope::Whole => v1::NackScope::Whole,
+            crate::correlate::Scope::Partial => v1::NackScope::Partial,
+            crate::correlate::Scope::Unknown => v1::NackScope::Unknown,
         }
     }
 }
 
-impl tap::watch_event::Kind {
+impl v1::watch_event::Kind {
     /// As lines and flags name it: `ack`, `stale-answer`.
     pub fn label(self) -> &'static str {
-        use tap::watch_event::Kind;
+        use v1::watch_event::Kind;
         match self {
             Kind::Ack => "ack",
             Kind::Nack => "nack",
@@ -159,7 +159,7 @@ impl tap::watch_event::Kind {
 
     /// The four verdicts on a push.
     pub fn is_verdict(self) -> bool {
-        use tap::watch_event::Kind;
+        use v1::watch_event::Kind;
         matches!(
             self,
             Kind::Ack | Kind::Nack | Kind::Superseded | Kind::Unanswered
@@ -249,45 +249,45 @@ pub mod names {
 
     by_name! {
         /// [`SyncState`](super::tap::SyncState).
-        sync_state: crate::api::tap::SyncState;
+        sync_state: crate::api::v1::SyncState;
         /// [`ConfigStatus`](super::tap::resource_status::ConfigStatus).
-        config: crate::api::tap::resource_status::ConfigStatus;
+        config: crate::api::v1::resource_status::ConfigStatus;
         /// [`ClientStatus`](super::tap::resource_status::ClientStatus).
-        client: crate::api::tap::resource_status::ClientStatus;
+        client: crate::api::v1::resource_status::ClientStatus;
         /// [`NackScope`](super::tap::NackScope).
-        nack_scope: crate::api::tap::NackScope;
+        nack_scope: crate::api::v1::NackScope;
         /// [`Standing`](super::tap::rollout_node::Standing).
-        standing: crate::api::tap::rollout_node::Standing;
+        standing: crate::api::v1::rollout_node::Standing;
         /// [`Kind`](super::tap::watch_event::Kind).
-        kind: crate::api::tap::watch_event::Kind;
+        kind: crate::api::v1::watch_event::Kind;
         /// [`Api`](super::tap::watch_event::Api).
-        api: crate::api::tap::watch_event::Api;
+        api: crate::api::v1::watch_event::Api;
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::tap;
+    use super::v1;
 
     /// The JSON is the proto's: fields by name, enums by value name, read back the same.
     #[test]
     fn reports_read_back_from_their_json() {
-        let report = tap::StatusReport {
+        let report = v1::StatusReport {
             generated_at: "t".into(),
             stale_after_seconds: 30.0,
-            nodes: vec![tap::NodeStatus {
+            nodes: vec![v1::NodeStatus {
                 id: "n".into(),
-                state: tap::SyncState::Nacked as i32,
-                types: vec![tap::TypeStatus {
+                state: v1::SyncState::Nacked as i32,
+                types: vec![v1::TypeStatus {
                     r#type: "CDS".into(),
-                    state: tap::SyncState::NotSent as i32,
+                    state: v1::SyncState::NotSent as i32,
                     version_sent: Some("v2".into()),
                     ..Default::default()
                 }],
-                resources: vec![tap::ResourceStatus {
+                resources: vec![v1::ResourceStatus {
                     name: "a".into(),
-                    config: tap::resource_status::ConfigStatus::Error as i32,
-                    client: tap::resource_status::ClientStatus::DoesNotExist as i32,
+                    config: v1::resource_status::ConfigStatus::Error as i32,
+                    client: v1::resource_status::ClientStatus::DoesNotExist as i32,
                     ..Default::default()
                 }],
                 ..Default::default()
@@ -304,15 +304,15 @@ mod tests {
         );
         assert_eq!(json["nodes"][0]["resources"][0]["config"], "ERROR");
         assert_eq!(json["nodes"][0]["resources"][0]["client"], "DOES_NOT_EXIST");
-        let back: tap::StatusReport = serde_json::from_value(json).unwrap();
+        let back: v1::StatusReport = serde_json::from_value(json).unwrap();
         assert_eq!(back, report);
         // Absent fields take their defaults; a number reads as the value it numbers.
-        let sparse: tap::NodeStatus = serde_json::from_str(r#"{"id":"x","state":5}"#).unwrap();
+        let sparse: v1::NodeStatus = serde_json::from_str(r#"{"id":"x","state":5}"#).unwrap();
         assert_eq!(
             (sparse.state(), sparse.types.len()),
-            (tap::SyncState::Stale, 0)
+            (v1::SyncState::Stale, 0)
         );
-        let bad = serde_json::from_str::<tap::NodeStatus>(r#"{"state":"GREEN"}"#);
+        let bad = serde_json::from_str::<v1::NodeStatus>(r#"{"state":"GREEN"}"#);
         assert!(bad
             .unwrap_err()
             .to_string()
@@ -321,7 +321,7 @@ mod tests {
 
     #[test]
     fn the_worst_state_is_the_greatest() {
-        use tap::SyncState as S;
+        use v1::SyncState as S;
         let all = [S::Synced, S::NotSent, S::Pending, S::Nacked, S::Stale];
         assert!(all.windows(2).all(|w| w[0] < w[1]));
         assert_eq!(S::worst([S::Pending, S::Synced].into_iter()), S::Pending);

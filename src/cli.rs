@@ -171,8 +171,8 @@ pub enum WatchKind {
 
 impl WatchKind {
     /// The API's kind.
-    pub fn kind(self) -> crate::api::tap::watch_event::Kind {
-        use crate::api::tap::watch_event::Kind;
+    pub fn kind(self) -> crate::api::v1::watch_event::Kind {
+        use crate::api::v1::watch_event::Kind;
         match self {
             WatchKind::Ack => Kind::Ack,
             WatchKind::Nack => Kind::Nack,

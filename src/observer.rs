@@ -101,7 +101,7 @@ impl Observe for Observer {
     fn on_stream(&self, info: &StreamInfo<'_>) -> Box<dyn StreamObserver> {
         let Some(method) = Method::classify(info.path) else {
             return Box::new(Counting {
-                id: info.id,
+                id: info.seq,
                 path: info.path.into(),
                 counts: [Count::default(); 2],
                 deframers: [Some(Deframer::new()), Some(Deframer::new())],
@@ -113,7 +113,7 @@ impl Observe for Observer {
             .fetch_add(1, Ordering::Relaxed);
         let encoding = info.headers.grpc_encoding.clone();
         let context = StreamContext {
-            stream_id: info.id,
+            seq: info.seq,
             api: Some(method.api),
             service: method.service.clone(),
             method: method.method.clone(),

@@ -65,7 +65,7 @@ impl Sink for LogSink {
             }
             Event::NonceReused { nonce, .. } => {
                 tracing::debug!(xds.node = node, xds.type_url = %crate::xds::printable(&context.type_url), xds.nonce = %crate::xds::printable(nonce),
-                    stream = context.stream.stream_id, "{short} nonce reused by the control plane");
+                    stream = context.stream.seq, "{short} nonce reused by the control plane");
             }
             _ => {}
         }
@@ -76,12 +76,12 @@ impl Sink for LogSink {
 /// clusters still waited for endpoints at info, others at debug.
 fn log_verdict(r: &VerdictRecord) {
     use crate::xds::printable;
-    let short = printable(&r.short_type);
+    let short = printable(&r.subject.short_type);
     let names = |v: &[String]| printable(&v.join(",")).into_owned();
     match r.verdict {
         VerdictKind::Nack => tracing::warn!(
-            xds.node = r.node.as_str(),
-            xds.type_url = %printable(&r.type_url),
+            xds.node = r.subject.node.as_str(),
+            xds.type_url = %printable(&r.subject.type_url),
             xds.version = %printable(&r.version),
             xds.nonce = %printable(&r.nonce),
             xds.client_version = r.client_version.as_deref().unwrap_or(""),
@@ -97,7 +97,7 @@ fn log_verdict(r: &VerdictRecord) {
             "{short} push NACKed",
         ),
         verdict if !r.waiting_for.is_empty() => tracing::info!(
-            xds.node = r.node.as_str(),
+            xds.node = r.subject.node.as_str(),
             xds.version = %printable(&r.version),
             xds.nonce = %printable(&r.nonce),
             xds.verdict = verdict.name(),
@@ -107,8 +107,8 @@ fn log_verdict(r: &VerdictRecord) {
             verdict.name(),
         ),
         verdict => tracing::debug!(
-            xds.node = r.node.as_str(),
-            xds.type_url = %printable(&r.type_url),
+            xds.node = r.subject.node.as_str(),
+            xds.type_url = %printable(&r.subject.type_url),
             xds.version = %printable(&r.version),
             xds.nonce = %printable(&r.nonce),
             xds.verdict = verdict.name(),

@@ -92,8 +92,9 @@ pub enum Side {
 /// What the proxy knows of a new stream when it opens.
 #[derive(Debug)]
 pub struct StreamInfo<'a> {
-    /// Process-unique stream id.
-    pub id: u64,
+    /// The tap's number for the stream: counted across the process from 1, not the HTTP/2
+    /// stream id.
+    pub seq: u64,
     /// `:path`, e.g. `/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources`.
     pub path: &'a str,
     /// The request header fields the tap reads.

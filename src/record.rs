@@ -11,13 +11,9 @@ use crate::correlate::{Event, Verdict, VerdictKind};
 use crate::xds::short_type;
 
 
-/// A push's fate, flattened.
+/// Who a record is about, as every record names it: the node and the type.
 #[derive(Debug, Clone, Serialize)]
-pub struct VerdictRecord {
-    /// When the verdict was reached, RFC 3339 UTC.
-    pub time: String,
-    /// `ack`, `nack`, `superseded`, `unanswered`.
-    pub verdict: VerdictKind,
+pub struct Subject {
     /// `node.id`.
     pub node: String,
     /// `node.cluster`.
@@ -31,6 +27,33 @@ pub struct VerdictRecord {
     pub type_url: String,
     /// `sotw` or `delta`.
     pub api: &'static str,
+}
+
+impl Subject {
+    /// The node and stream of `context`, with `type_url`.
+    fn of(context: &crate::correlate::Context, type_url: &str) -> Subject {
+        let node = context.node.as_deref().cloned().unwrap_or_default();
+        Subject {
+            node: node.id,
+            node_cluster: node.cluster,
+            user_agent: node.user_agent,
+            short_type: short_type(type_url).to_string(),
+            type_url: type_url.to_string(),
+            api: context.stream.api.map_or("", |a| a.as_str()),
+        }
+    }
+}
+
+/// A push's fate, flattened.
+#[derive(Debug, Clone, Serialize)]
+pub struct VerdictRecord {
+    /// When the verdict was reached, RFC 3339 UTC.
+    pub time: String,
+    /// `ack`, `nack`, `superseded`, `unanswered`.
+    pub verdict: VerdictKind,
+    /// The node and the type.
+    #[serde(flatten)]
+    pub subject: Subject,
     /// Version pushed.
     pub version: String,
     /// Nonce of the push.
@@ -114,16 +137,10 @@ impl VerdictRecord {
         else {
             return None;
         };
-        let node = context.node.as_deref().cloned().unwrap_or_default();
         let mut r = VerdictRecord {
             time: rfc3339(*decided_at),
             verdict: verdict.kind(),
-            node: node.id,
-            node_cluster: node.cluster,
-            user_agent: node.user_agent,
-            short_type: short_type(&push.type_url).to_string(),
-            type_url: push.type_url.clone(),
-            api: context.stream.api.map_or("", |a| a.as_str()),
+            subject: Subject::of(context, &push.type_url),
             version: push.version.clone(),
             nonce: push.nonce.clone(),
             resources: push.resources.len(),
@@ -149,7 +166,7 @@ impl VerdictRecord {
             waiting_for: waiting_for.iter().take(NAMES_CAP).cloned().collect(),
             grpc_status: None,
             end_message: None,
-            stream: context.stream.stream_id,
+            stream: context.stream.seq,
             service: context.stream.service.clone(),
             method: context.stream.method.clone(),
             downstream: context.stream.downstream.clone(),
@@ -198,19 +215,9 @@ pub struct ResubscribeRecord {
     pub event: &'static str,
     /// When the client's first request on its new stream came, RFC 3339 UTC.
     pub time: String,
-    /// `node.id`.
-    pub node: String,
-    /// `node.cluster`.
-    pub node_cluster: String,
-    /// Client user agent.
-    pub user_agent: String,
-    /// Short type (`CDS`) or the type URL when not a known one.
-    #[serde(rename = "type")]
-    pub short_type: String,
-    /// Full type URL.
-    pub type_url: String,
-    /// `sotw` or `delta`.
-    pub api: &'static str,
+    /// The node and the type.
+    #[serde(flatten)]
+    pub subject: Subject,
     /// SotW: the version the client says it runs.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub version: String,
@@ -242,21 +249,15 @@ impl ResubscribeRecord {
         else {
             return None;
         };
-        let node = context.node.as_deref().cloned().unwrap_or_default();
         Some(ResubscribeRecord {
             event: "resubscribe",
             time: rfc3339(context.time),
-            node: node.id,
-            node_cluster: node.cluster,
-            user_agent: node.user_agent,
-            short_type: short_type(&context.type_url).to_string(),
-            type_url: context.type_url.clone(),
-            api: context.stream.api.map_or("", |a| a.as_str()),
+            subject: Subject::of(context, &context.type_url),
             version: version.clone(),
             stated: versions.iter().take(NAMES_CAP).cloned().collect(),
             stated_count: versions.len(),
             names: names.iter().take(NAMES_CAP).cloned().collect(),
-            stream: context.stream.stream_id,
+            stream: context.stream.seq,
             downstream: context.stream.downstream.clone(),
             upstream: context.stream.upstream.clone(),
         })

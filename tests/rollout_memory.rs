@@ -50,7 +50,7 @@ fn fleet(kept: usize) -> (usize, usize, usize) {
     let contexts: Vec<Context> = (0..NODES)
         .map(|i| Context {
             stream: Arc::new(StreamContext {
-                stream_id: i as u64,
+                seq: i as u64,
                 api: Some(Api::Sotw),
                 ..Default::default()
             }),
@@ -192,7 +192,7 @@ fn a_fleet_nacking_the_same_push_in_part_holds_it_once() {
     let mut events = Vec::new();
     for i in 0..STREAMS {
         let context = StreamContext {
-            stream_id: i as u64,
+            seq: i as u64,
             api: Some(Api::Sotw),
             ..Default::default()
         };
@@ -260,7 +260,7 @@ fn ten_thousand_disconnected_nodes_hold_little() {
     let mut events = Vec::new();
     for i in 0..GONE {
         let context = StreamContext {
-            stream_id: i as u64,
+            seq: i as u64,
             api: Some(Api::Sotw),
             service: "envoy.service.discovery.v3.AggregatedDiscoveryService".into(),
             method: "StreamAggregatedResources".into(),

@@ -30,7 +30,7 @@ struct Watcher(Arc<Ledger>, u64, bool);
 impl Observe for Books {
     fn on_stream(&self, info: &StreamInfo<'_>) -> Box<dyn StreamObserver> {
         self.0.opened.fetch_add(1, Ordering::Relaxed);
-        Box::new(Watcher(self.0.clone(), info.id, false))
+        Box::new(Watcher(self.0.clone(), info.seq, false))
     }
 }
 

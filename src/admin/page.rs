@@ -20,8 +20,8 @@ use tonic::body::Body;
 
 use super::service::Seat;
 use super::Admin;
-use crate::api::tap::WatchEvent;
-use crate::api::tap::watch_event::Kind;
+use crate::api::v1::WatchEvent;
+use crate::api::v1::watch_event::Kind;
 use crate::views::watch::bounded;
 
 const INDEX: &str = include_str!("page/index.html");

@@ -10,9 +10,9 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
 use super::Admin;
-use crate::api::tap::{self, tap_server};
+use crate::api::v1::{self, tap_server};
 use crate::api::type_wanted;
-use crate::api::tap::watch_event::Kind;
+use crate::api::v1::watch_event::Kind;
 use crate::views::watch::SHOWN;
 
 /// The service over the admin's views.
@@ -22,8 +22,8 @@ pub struct TapApi(pub Arc<Admin>);
 impl tap_server::Tap for TapApi {
     async fn status(
         &self,
-        request: Request<tap::StatusRequest>,
-    ) -> Result<Response<tap::StatusReport>, Status> {
+        request: Request<v1::StatusRequest>,
+    ) -> Result<Response<v1::StatusReport>, Status> {
         let node = request.into_inner().node;
         let only = (!node.is_empty()).then_some(node.as_str());
         let report = self.0.status.report(crate::observer::now(), only);
@@ -35,21 +35,21 @@ impl tap_server::Tap for TapApi {
 
     async fn rollouts(
         &self,
-        request: Request<tap::RolloutsRequest>,
-    ) -> Result<Response<tap::RolloutReport>, Status> {
+        request: Request<v1::RolloutsRequest>,
+    ) -> Result<Response<v1::RolloutReport>, Status> {
         let report = self.0.rollouts(&request.into_inner());
         Ok(Response::new(report))
     }
 
-    type WatchStream = Pin<Box<dyn Stream<Item = Result<tap::WatchEvent, Status>> + Send>>;
+    type WatchStream = Pin<Box<dyn Stream<Item = Result<v1::WatchEvent, Status>> + Send>>;
 
     async fn watch(
         &self,
-        request: Request<tap::WatchRequest>,
+        request: Request<v1::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let filter = request.into_inner();
         for &k in &filter.kinds {
-            if tap::watch_event::Kind::try_from(k).map_or(true, |k| k == Kind::Unspecified) {
+            if v1::watch_event::Kind::try_from(k).map_or(true, |k| k == Kind::Unspecified) {
                 return Err(Status::invalid_argument(format!(
                     "kinds: no kind numbered {k}"
                 )));
@@ -82,7 +82,7 @@ impl tap_server::Tap for TapApi {
                     None
                 }
                 Ok(e) => wanted(&e, &filter, &node).then(|| {
-                    let mut w = tap::WatchEvent::clone(&e);
+                    let mut w = v1::WatchEvent::clone(&e);
                     w.missed = std::mem::take(&mut missed);
                     Ok(w)
                 }),
@@ -123,7 +123,7 @@ impl Drop for Seat {
 }
 
 /// Whether the watcher's `filter` (its node glob taken apart already) lets `w` through.
-fn wanted(w: &tap::WatchEvent, filter: &tap::WatchRequest, node_glob: &[char]) -> bool {
+fn wanted(w: &v1::WatchEvent, filter: &v1::WatchRequest, node_glob: &[char]) -> bool {
     let kind_wanted = match filter.kinds.is_empty() {
         true => SHOWN.contains(&w.kind()),
         false => filter.kinds.contains(&w.kind),

@@ -14,7 +14,7 @@ use tonic::transport::{Channel, Uri};
 
 use super::{EX_UNAVAILABLE, EX_USAGE};
 use crate::api::csds::client_status_discovery_service_client::ClientStatusDiscoveryServiceClient;
-use crate::api::tap::tap_client::TapClient;
+use crate::api::v1::tap_client::TapClient;
 use crate::proxy::{AddressError, Endpoint};
 
 /// How long a connect to the tap may take.

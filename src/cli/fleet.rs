@@ -10,11 +10,11 @@ use std::future::Future;
 use std::process::ExitCode;
 
 use super::client::{AdminClient, AskError};
-use crate::api::tap::{
+use crate::api::v1::{
     NackGroup, NodeStatus, Rollout, RolloutNode, RolloutReport, StatusReport, TapAnswer,
 };
 use crate::proxy::Endpoint;
-use crate::api::tap::rollout_node::Standing;
+use crate::api::v1::rollout_node::Standing;
 
 /// Nodes listed per list of a merged rollout (as a tap lists them).
 const LISTED: usize = 20;
@@ -440,7 +440,7 @@ fn moved_on(all: &mut [Rollout]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::tap::SyncState;
+    use crate::api::v1::SyncState;
 
     fn node(id: &str, connected: bool, last_seen: &str, state: SyncState) -> NodeStatus {
         NodeStatus {

@@ -9,9 +9,9 @@ use super::client::{block_on, AskError};
 use super::fleet::{self, Fleet};
 use super::status::{age, landed, one_line};
 use super::{table, RolloutArgs};
-use crate::api::tap::{Rollout, RolloutReport, RolloutsRequest};
-use crate::api::tap::rollout_node::Standing;
-use crate::api::tap::NackScope;
+use crate::api::v1::{Rollout, RolloutReport, RolloutsRequest};
+use crate::api::v1::rollout_node::Standing;
+use crate::api::v1::NackScope;
 use crate::api::type_wanted;
 
 /// `xdstap rollout`.

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use super::client::{block_on, AdminClient, AskError};
 use super::fleet::{self, Fleet};
 use super::{table, StatusArgs, EX_NO_NODE};
-use crate::api::tap::{
+use crate::api::v1::{
     NackScope, NodeStatus, StatusReport, StatusRequest, SyncState, TypeStatus,
 };
 
@@ -82,7 +82,7 @@ async fn resources(taps: &mut Fleet, node: &str, output: super::Output) -> ExitC
 pub async fn fetch_resources(
     taps: &mut Fleet,
     node: Option<&str>,
-) -> Result<(Vec<serde_json::Value>, Vec<crate::api::tap::TapAnswer>), AskError> {
+) -> Result<(Vec<serde_json::Value>, Vec<crate::api::v1::TapAnswer>), AskError> {
     let node = node.map(String::from);
     let answers = (taps.ask(move |tap| {
         let node = node.clone();

@@ -18,7 +18,7 @@ use super::client::block_on;
 use super::fleet::{self, Fleet};
 use super::rollout::details;
 use super::{WaitArgs, EX_PARTIAL};
-use crate::api::tap::Rollout;
+use crate::api::v1::Rollout;
 
 /// How often the taps are asked.
 const POLL: Duration = Duration::from_millis(100);
@@ -99,7 +99,7 @@ async fn wait(args: &WaitArgs) -> ExitCode {
 }
 
 /// What stands in the way at the deadline: 4 when only taps that do not answer do, else 2.
-fn timed_out(args: &WaitArgs, started: Instant, report: &crate::api::tap::RolloutReport) -> ExitCode {
+fn timed_out(args: &WaitArgs, started: Instant, report: &crate::api::v1::RolloutReport) -> ExitCode {
     let waited = humantime(started.elapsed());
     let rollouts = &report.rollouts;
     let partial = fleet::is_partial(&report.taps);

@@ -8,8 +8,8 @@ use super::client::{block_on, AdminClient};
 use super::fleet::{self, Fleet};
 use super::status::{landed, one_line};
 use super::{Output, WatchArgs, EX_PARTIAL, EX_UNAVAILABLE};
-use crate::api::tap::watch_event::Kind;
-use crate::api::tap::{NackScope, WatchEvent, WatchRequest};
+use crate::api::v1::watch_event::Kind;
+use crate::api::v1::{NackScope, WatchEvent, WatchRequest};
 
 /// `xdstap watch`.
 pub fn run(args: &WatchArgs) -> ExitCode {

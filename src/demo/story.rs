@@ -14,7 +14,7 @@ use super::printer::Printer;
 use crate::cli::Client;
 use crate::config::{AdminAddress, AdminOptions, Options};
 use crate::correlate::{Event, Scope, Verdict};
-use crate::api::tap::{RolloutReport, StatusReport};
+use crate::api::v1::{RolloutReport, StatusReport};
 use crate::views::rollout::{RolloutSettings, Rollouts};
 use crate::outputs::spans::SpanSettings;
 use crate::outputs::Recorder;
@@ -280,7 +280,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<Outcome> {
     // The status and rollout views, as `xdstap status` and `xdstap rollout` would show them,
     // then the spans flushed.
     let report = status.report(crate::observer::now(), None);
-    let ask = crate::api::tap::RolloutsRequest {
+    let ask = crate::api::v1::RolloutsRequest {
         types: vec!["CDS".into()],
         ..Default::default()
     };

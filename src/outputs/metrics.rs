@@ -13,7 +13,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use crate::views::board::StatusBoard;
-use crate::api::tap::SyncState;
+use crate::api::v1::SyncState;
 use crate::proxy::counter;
 use super::spans::SpanStats;
 use crate::observer::ObserverStats;

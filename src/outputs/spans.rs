@@ -381,13 +381,13 @@ impl SpanSink {
     }
 
     fn trace_id(&self, r: &VerdictRecord) -> TraceId {
-        (self.traces).of(&r.version, r.stream, &r.type_url, &r.nonce)
+        (self.traces).of(&r.version, r.stream, &r.subject.type_url, &r.nonce)
     }
 
     fn span_id(&self, r: &VerdictRecord) -> SpanId {
         let key = format!(
             "span\0{}\0{}\0{}\0{}",
-            self.traces.instance, r.stream, r.type_url, r.nonce
+            self.traces.instance, r.stream, r.subject.type_url, r.nonce
         );
         SpanId::from(xxh3_64(key.as_bytes()).max(1))
     }
@@ -407,7 +407,7 @@ impl SpanSink {
         let r = delivered.record()?;
         let (attributes, answer, status) = describe(r);
         let mut events = SpanEvents::default();
-        if let Some(changes) = self.changes.remove(&(r.stream, r.type_url.clone())) {
+        if let Some(changes) = self.changes.remove(&(r.stream, r.subject.type_url.clone())) {
             events.events.extend(changes);
         }
         events.events.push(SpanEvent::new(
@@ -427,7 +427,7 @@ impl SpanSink {
             parent_span_id: SpanId::INVALID,
             parent_span_is_remote: false,
             span_kind: SpanKind::Internal,
-            name: Cow::Owned(format!("xds.push {}", r.short_type)),
+            name: Cow::Owned(format!("xds.push {}", r.subject.short_type)),
             start_time: time(push.at),
             end_time: time(*decided_at),
             attributes,
@@ -453,7 +453,7 @@ impl SpanSink {
         }
         let list = self
             .changes
-            .entry((context.stream.stream_id, context.type_url.clone()))
+            .entry((context.stream.seq, context.type_url.clone()))
             .or_default();
         if list.len() < 16 {
             list.push(SpanEvent::new(
@@ -486,18 +486,18 @@ fn describe(r: &VerdictRecord) -> (Vec<KeyValue>, Vec<KeyValue>, Status) {
         KeyValue::new("rpc.system", "grpc"),
         KeyValue::new("rpc.service", r.service.clone()),
         KeyValue::new("rpc.method", r.method.clone()),
-        KeyValue::new("xds.type_url", r.type_url.clone()),
-        KeyValue::new("xds.type", r.short_type.clone()),
-        KeyValue::new("xds.api", r.api),
+        KeyValue::new("xds.type_url", r.subject.type_url.clone()),
+        KeyValue::new("xds.type", r.subject.short_type.clone()),
+        KeyValue::new("xds.api", r.subject.api),
         KeyValue::new("xds.version", r.version.clone()),
         KeyValue::new("xds.nonce", r.nonce.clone()),
         KeyValue::new("xds.resource_count", r.resources as i64),
         KeyValue::new("xds.resource_names", strings(&r.resource_names)),
         KeyValue::new("xds.bytes", r.bytes as i64),
         KeyValue::new("xds.verdict", r.verdict.name()),
-        KeyValue::new("xds.node.id", r.node.clone()),
-        KeyValue::new("xds.node.cluster", r.node_cluster.clone()),
-        KeyValue::new("xds.node.user_agent", r.user_agent.clone()),
+        KeyValue::new("xds.node.id", r.subject.node.clone()),
+        KeyValue::new("xds.node.cluster", r.subject.node_cluster.clone()),
+        KeyValue::new("xds.node.user_agent", r.subject.user_agent.clone()),
         KeyValue::new("xds.stream.id", r.stream as i64),
         KeyValue::new("client.address", r.downstream.clone()),
         KeyValue::new("server.address", r.upstream.clone()),

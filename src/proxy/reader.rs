@@ -81,9 +81,9 @@ impl Streams {
     fn start(&self, headers: &Headers) -> Stream {
         ProxyStats::add(&self.stats.streams_total, 1);
         ProxyStats::add(&self.stats.streams_active, 1);
-        let id = self.ids.fetch_add(1, Ordering::Relaxed);
+        let seq = self.ids.fetch_add(1, Ordering::Relaxed);
         let observer = self.observer.on_stream(&StreamInfo {
-            id,
+            seq,
             path: headers.path.as_deref().unwrap_or(""),
             headers,
             downstream: &self.peer,

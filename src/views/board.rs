@@ -14,7 +14,7 @@ use crate::correlate::{Event, Push, Timestamp, Verdict};
 use crate::xds::{short_type, Api};
 
 pub mod resources;
-use crate::api::tap::{Nack, NodeStatus, ResourceError, StatusReport, SyncState, TypeStatus};
+use crate::api::v1::{Nack, NodeStatus, ResourceError, StatusReport, SyncState, TypeStatus};
 use resources::{CpErrors, Held, ListenerNeeds, Ttls, Unsettled};
 
 /// How the board ages entries.
@@ -222,7 +222,7 @@ impl TypeEntry {
                     suspects: suspects.iter().take(NAMES_CAP).cloned().collect(),
                     version: push.version.clone(),
                     since: rfc3339(since),
-                    scope: crate::api::tap::NackScope::from(*scope) as i32,
+                    scope: crate::api::v1::NackScope::from(*scope) as i32,
                     rejected: (rejected.iter().take(NAMES_CAP))
                         .map(|r| r.name.clone())
                         .collect(),
@@ -353,7 +353,7 @@ impl StatusBoard {
         let mut board = self.lock();
         let context = event.context();
         let now = context.time;
-        let stream = context.stream.stream_id;
+        let stream = context.stream.seq;
         let key: Arc<str> = match event {
             // A stream that never said who it is leaves no trace.
             Event::StreamEnd { .. } => match board.streams.remove(&stream) {
@@ -644,7 +644,7 @@ mod tests {
         Correlator::new(
             Api::Sotw,
             StreamContext {
-                stream_id: id,
+                seq: id,
                 ..Default::default()
             },
         )
@@ -939,7 +939,7 @@ mod tests {
         let mut c = Correlator::new(
             Api::Delta,
             StreamContext {
-                stream_id: 1,
+                seq: 1,
                 api: Some(Api::Delta),
                 ..Default::default()
             },

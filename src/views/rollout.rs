@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use crate::api::rfc3339;
-use crate::api::tap::{self, RolloutReport};
+use crate::api::v1::{self, RolloutReport};
 use crate::queue::Sink;
 use crate::correlate::{Event, Scope, Timestamp, Verdict};
 use crate::api::{group_key, type_wanted};
@@ -46,7 +46,7 @@ impl Default for RolloutSettings {
 }
 
 /// Where one node stands with one version, worst first: the API's own.
-pub use crate::api::tap::rollout_node::Standing;
+pub use crate::api::v1::rollout_node::Standing;
 
 /// One node's entry in one rollout.
 #[derive(Clone, Copy, Debug)]
@@ -310,7 +310,7 @@ impl Rollouts {
 
     /// The rollouts `ask` asks for (of one version, of some types, or all; with every node or
     /// not), newest first, as of `now`.
-    pub fn report(&self, now: Timestamp, ask: &tap::RolloutsRequest) -> RolloutReport {
+    pub fn report(&self, now: Timestamp, ask: &v1::RolloutsRequest) -> RolloutReport {
         let book = self.lock();
         let version = Some(ask.version.as_str()).filter(|v| !v.is_empty());
         let mut all: Vec<&Progress> = (book.types.iter())
@@ -424,7 +424,7 @@ impl Progress {
             .any(|r| (r.nodes.get(node)).is_some_and(|e| e.standing == Standing::Acked))
     }
 
-    fn status(&self, book: &Book, now: Timestamp, listed: usize, every_node: bool) -> tap::Rollout {
+    fn status(&self, book: &Book, now: Timestamp, listed: usize, every_node: bool) -> v1::Rollout {
         let count = |s: Standing| self.nodes.values().filter(|e| e.standing == s).count() as u64;
         let mut latencies: Vec<u32> = (self.nodes.values())
             .filter(|e| {
@@ -468,7 +468,7 @@ impl Progress {
             false => Vec::new(),
             true => self.every_node(book, now, &place),
         };
-        tap::Rollout {
+        v1::Rollout {
             r#type: short_type(&self.type_url).to_string(),
             type_url: self.type_url.to_string(),
             version: self.version.to_string(),
@@ -495,12 +495,12 @@ impl Progress {
             acceptance: self.acceptance(),
             trace_id: String::new(),
             nacks: (order.iter().map(|&i| &self.nacks[i]))
-                .map(|g| tap::NackGroup {
+                .map(|g| v1::NackGroup {
                     message: g.message.clone(),
                     nodes: g.nodes,
                     examples: g.examples.iter().map(|e| e.to_string()).collect(),
                     suspects: g.suspects.clone(),
-                    scope: tap::NackScope::from(g.scope) as i32,
+                    scope: v1::NackScope::from(g.scope) as i32,
                     rejected: g.rejected.clone(),
                     applied: g.applied.clone(),
                 })
@@ -510,7 +510,7 @@ impl Progress {
 
     /// How acceptance rose: for the nodes that took it, seconds from the first push to their
     /// answer, as at most [`CURVE_POINTS`] points (the last one all of them).
-    fn acceptance(&self) -> Vec<tap::AcceptancePoint> {
+    fn acceptance(&self) -> Vec<v1::AcceptancePoint> {
         let mut took: Vec<u64> = (self.nodes.values())
             .filter(|e| e.standing == Standing::Acked)
             .map(|e| {
@@ -523,7 +523,7 @@ impl Progress {
         let step = n.div_ceil(CURVE_POINTS).max(1);
         (1..=n)
             .filter(|k| k % step == 0 || *k == n)
-            .map(|k| tap::AcceptancePoint {
+            .map(|k| v1::AcceptancePoint {
                 seconds: took[k - 1] as f64 / 1e9,
                 nodes: k as u64,
             })
@@ -532,7 +532,7 @@ impl Progress {
 
     /// Every node pushed this version, by id, with its answer's latency and its NACK group
     /// (`place[i]`: where group i is reported, from 1).
-    fn every_node(&self, book: &Book, now: Timestamp, place: &[u32]) -> Vec<tap::RolloutNode> {
+    fn every_node(&self, book: &Book, now: Timestamp, place: &[u32]) -> Vec<v1::RolloutNode> {
         let mut all: Vec<_> = self.nodes.iter().collect();
         all.sort_by(|a, b| a.0.cmp(b.0));
         (all.into_iter())
@@ -552,10 +552,10 @@ impl Progress {
             .collect()
     }
 
-    fn standing(&self, book: &Book, id: &str, e: &Entry, now: Timestamp) -> tap::RolloutNode {
+    fn standing(&self, book: &Book, id: &str, e: &Entry, now: Timestamp) -> v1::RolloutNode {
         let waiting = (book.waiting.get(id))
             .filter(|w| e.standing == Standing::Pending && *w.version == *self.version);
-        tap::RolloutNode {
+        v1::RolloutNode {
             node: id.to_string(),
             state: e.standing as i32,
             running: book.running(id, &self.type_url).map(String::from),

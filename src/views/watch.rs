@@ -15,8 +15,8 @@ use crate::api::{rfc3339, NAMES_CAP};
 use crate::views::traces::TraceIds;
 use crate::queue::{Delivered, Sink};
 use crate::record::VerdictRecord;
-use crate::api::tap::watch_event::{self, Kind};
-use crate::api::tap::{NackScope, WatchEvent};
+use crate::api::v1::watch_event::{self, Kind};
+use crate::api::v1::{NackScope, WatchEvent};
 use crate::correlate::{Event, Verdict, VerdictKind};
 use crate::xds::short_type;
 
@@ -126,7 +126,7 @@ fn from_record(r: &VerdictRecord, traces: Option<&TraceIds>) -> WatchEvent {
         VerdictKind::Superseded => Kind::Superseded,
         VerdictKind::Unanswered => Kind::Unanswered,
     };
-    let api = match r.api {
+    let api = match r.subject.api {
         "sotw" => watch_event::Api::Sotw,
         "delta" => watch_event::Api::Delta,
         _ => watch_event::Api::Unspecified,
@@ -137,12 +137,12 @@ fn from_record(r: &VerdictRecord, traces: Option<&TraceIds>) -> WatchEvent {
         Some("unknown") => NackScope::Unknown,
         _ => NackScope::Unspecified,
     };
-    let trace_id = traces.map(|t| t.of(&r.version, r.stream, &r.type_url, &r.nonce).to_string());
+    let trace_id = traces.map(|t| t.of(&r.version, r.stream, &r.subject.type_url, &r.nonce).to_string());
     WatchEvent {
         time: r.time.clone(),
-        node: r.node.clone(),
-        r#type: r.short_type.clone(),
-        type_url: r.type_url.clone(),
+        node: r.subject.node.clone(),
+        r#type: r.subject.short_type.clone(),
+        type_url: r.subject.type_url.clone(),
         kind: kind as i32,
         api: api as i32,
         stream: r.stream,
@@ -180,7 +180,7 @@ fn other_event(event: &Event) -> Option<WatchEvent> {
             Some(crate::xds::Api::Delta) => watch_event::Api::Delta as i32,
             None => watch_event::Api::Unspecified as i32,
         },
-        stream: context.stream.stream_id,
+        stream: context.stream.seq,
         ..Default::default()
     };
     match event {
@@ -200,7 +200,7 @@ fn other_event(event: &Event) -> Option<WatchEvent> {
             w.version = version.clone();
             w.stated_count = versions.len() as u32;
             w.stated = (versions.iter().take(NAMES_CAP))
-                .map(|(name, version)| crate::api::tap::StatedVersion {
+                .map(|(name, version)| crate::api::v1::StatedVersion {
                     name: name.clone(),
                     version: version.clone(),
                 })

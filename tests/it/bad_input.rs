@@ -682,8 +682,9 @@ fn small_pieces(kind: &str, size: usize) -> Vec<u8> {
 }
 
 /// Floods of small pieces (CONTINUATION frames of one byte, 1-byte DATA frames, empty gRPC
-/// messages) and one deeply nested protobuf message, each 8 MB: a real Envoy's pushes through the same tap, on one worker thread,
-/// are answered in time while they go through (about 21 ms measured), and the tap's memory
+/// messages) and one deeply nested protobuf message, each 8 MB: a real Envoy's pushes through
+/// the same tap, on one worker thread, are answered in time while they go through (the median
+/// of five within 100 ms, 250 ms for the messages; about 21 ms measured), and the tap's memory
 /// stays under 64 MiB.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn floods_of_small_pieces_stall_no_other_connection() {
@@ -698,17 +699,22 @@ async fn floods_of_small_pieces_stall_no_other_connection() {
         let bytes = std::sync::Arc::new(small_pieces(kind, 8 << 20));
         let writer = write_through(&listen, bytes);
         tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut took = Vec::new();
         for _ in 0..5 {
             round += 1;
-            let took = push_answered_in(&cp, round).await;
-            eprintln!("{kind}: push answered in {took:?}");
-            // The control plane here decodes the 1.6 million empty messages too, on the two
-            // cores the test, the tap and Envoy share: its own delay shows in the first push
-            // (up to about 90 ms measured), so that flood is given 250 ms.
-            let bound = Duration::from_millis(if kind == "messages" { 250 } else { 100 });
-            assert!(took < bound, "{kind}: a push took {took:?}");
+            took.push(push_answered_in(&cp, round).await);
+            eprintln!("{kind}: push answered in {:?}", took[took.len() - 1]);
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        // The control plane here decodes the 1.6 million empty messages too, on the two cores
+        // the test, the tap and Envoy share (and the other tests, when they run together):
+        // its own delay shows in the first push (up to about 90 ms measured), so that flood is
+        // given 250 ms. The median of the five: one push held up by the machine's scheduling
+        // (2.5 s once, with the whole suite running) is not the flood's doing; a flood that
+        // held up the tap held up every push (more than 10 s each before the bounds).
+        took.sort();
+        let bound = Duration::from_millis(if kind == "messages" { 250 } else { 100 });
+        assert!(took[2] < bound, "{kind}: pushes took {took:?}");
         // The upstream may end a flood early (its own limits): what matters is the others.
         let _ = writer.join();
         let kib = rss_kib(tap.id());

@@ -18,7 +18,7 @@ use support::envoy::{Envoy, Xds};
 use support::resources::{Snapshot, CDS};
 use support::tap::XdsTap;
 use support::xdstap;
-use xdstap::api::tap::{RolloutReport, StatusReport, SyncState};
+use xdstap::api::v1::{RolloutReport, StatusReport, SyncState};
 
 /// A port free on both 127.0.0.1 and ::1.
 fn shared_port() -> u16 {

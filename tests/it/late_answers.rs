@@ -18,7 +18,7 @@ use support::otlp::{Received, Receiver};
 use support::resources::{static_cluster, CDS, LDS};
 use support::scripted::{response, Scripted};
 use support::tap::XdsTap;
-use xdstap::api::tap::{StatusReport, SyncState, TypeStatus};
+use xdstap::api::v1::{StatusReport, SyncState, TypeStatus};
 use xdstap::correlate::{Event, Verdict};
 use xdstap::outputs::spans::{Protocol, SpanSettings};
 

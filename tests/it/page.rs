@@ -17,7 +17,7 @@ use support::envoy::{Envoy, Xds};
 use support::otlp::Receiver;
 use support::resources::{Snapshot, CDS};
 use support::tap::XdsTap;
-use xdstap::api::tap::RolloutReport;
+use xdstap::api::v1::RolloutReport;
 
 /// The header lines of the answer to `GET path` (the stream of `/events` left once they came).
 async fn http_head(addr: &str, path: &str) -> String {

@@ -17,7 +17,7 @@ use xdstap::correlate::Event;
 /// The events of streams after `after` (by the tap's stream ids).
 fn later(tap: &XdsTap, after: u64) -> Vec<Event> {
     (tap.events().into_iter())
-        .filter(|e| e.context().stream.stream_id > after)
+        .filter(|e| e.context().stream.seq > after)
         .collect()
 }
 
@@ -48,7 +48,7 @@ async fn a_reconnected_envoy_whose_clusters_did_not_change_waits_for_nothing() {
     })
     .await;
     let first_stream = (tap.events().iter())
-        .map(|e| e.context().stream.stream_id)
+        .map(|e| e.context().stream.seq)
         .max()
         .unwrap();
     let (_watch, watched) = support::watch_into(&tap.admin, dir.path()).await;

@@ -13,7 +13,7 @@ use support::control_plane::ControlPlane;
 use support::envoy::{Envoy, Xds};
 use support::resources::{Snapshot, CDS};
 use support::tap::{TapOptions, XdsTap};
-use xdstap::api::tap::SyncState;
+use xdstap::api::v1::SyncState;
 use xdstap::correlate::{Event, Verdict};
 use xdstap::views::board::{StatusBoard, StatusSettings};
 

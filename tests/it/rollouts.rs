@@ -13,7 +13,7 @@ use support::envoy::{Envoy, Xds};
 use support::resources::{Snapshot, CDS};
 use support::tap::{TapOptions, XdsTap};
 use support::xdstap;
-use xdstap::api::tap::{Rollout, RolloutReport};
+use xdstap::api::v1::{Rollout, RolloutReport};
 use xdstap::correlate::Event;
 
 /// The nodes the control plane pushed `type_url` version `version` to, split by how their

@@ -12,7 +12,7 @@ use support::envoy::{Envoy, Xds};
 use support::http_get as get;
 use support::resources::{Snapshot, CDS};
 use support::tap::XdsTap;
-use xdstap::api::tap::{StatusReport, SyncState};
+use xdstap::api::v1::{StatusReport, SyncState};
 use xdstap::config::Options;
 use xdstap::views::board::StatusSettings;
 
@@ -692,8 +692,8 @@ async fn the_api_is_listed_over_server_reflection() {
 /// watchers watch at once, the next is told so, and a seat frees when a watch ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_filters_and_watchers_are_bounded() {
-    use xdstap::api::tap::tap_client::TapClient;
-    use xdstap::api::tap::WatchRequest;
+    use xdstap::api::v1::tap_client::TapClient;
+    use xdstap::api::v1::WatchRequest;
     let m = monitored("127.0.0.1:9", StatusSettings::default()).await;
     let mut client = TapClient::connect(format!("http://{}", m.admin))
         .await

@@ -16,7 +16,7 @@ use support::otlp::Receiver;
 use support::resources::{warming_cluster, Snapshot, CDS};
 use support::tap::{TapOptions, XdsTap};
 use support::xdstap;
-use xdstap::api::tap::{StatusReport, SyncState, TypeStatus};
+use xdstap::api::v1::{StatusReport, SyncState, TypeStatus};
 use xdstap::outputs::spans::{Protocol, SpanSettings, SpanStats};
 
 fn cds(r: &StatusReport) -> Option<TypeStatus> {

@@ -68,8 +68,9 @@ const MAX_WARMING_NAMES: usize = 1024;
 /// What the tap knows about the stream an event comes from.
 #[derive(Debug, Default, Clone, serde::Serialize)]
 pub struct StreamContext {
-    /// Process-unique stream id.
-    pub stream_id: u64,
+    /// The tap's number for the stream: counted across the process from 1, not the HTTP/2
+    /// stream id (which each connection counts on its own).
+    pub seq: u64,
     /// SotW or Delta.
     pub api: Option<Api>,
     /// gRPC service.
@@ -329,7 +330,7 @@ impl Event {
         let context = self.context();
         match &context.node {
             Some(n) if !n.id.is_empty() => std::borrow::Cow::Borrowed(&n.id),
-            _ => format!("(no node id, stream {})", context.stream.stream_id).into(),
+            _ => format!("(no node id, stream {})", context.stream.seq).into(),
         }
     }
 

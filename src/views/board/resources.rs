@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use super::{StatusBoard, TypeEntry};
-use crate::api::tap;
+use crate::api::v1;
 use crate::correlate::{Event, Mentions, Push, Rejected, Scope, Timestamp, Verdict};
 use crate::xds::{Api, Needs};
 
@@ -373,10 +373,10 @@ fn fold(held: &mut Each, push: &Push, rejected: &[Rejected], at: Timestamp) {
 
 /// How a resource stands, from the control plane's side and from the client's (the API's
 /// enums: CSDS's states, with the tap's finer client states).
-pub use crate::api::tap::resource_status::{ClientStatus, ConfigStatus};
+pub use crate::api::v1::resource_status::{ClientStatus, ConfigStatus};
 
 /// One resource of one node, as the board reads it (CSDS serves these; `/status?node=` their
-/// [`tap::ResourceStatus`] form).
+/// [`v1::ResourceStatus`] form).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResourceRow {
     /// Full type URL.
@@ -729,13 +729,13 @@ impl StatusBoard {
     }
 }
 
-impl From<ResourceRow> for tap::ResourceStatus {
+impl From<ResourceRow> for v1::ResourceStatus {
     fn from(r: ResourceRow) -> Self {
         let (error, rejected) = match r.error {
             Some((message, version, _)) => (Some(message), Some(version).filter(|v| !v.is_empty())),
             None => (None, None),
         };
-        tap::ResourceStatus {
+        v1::ResourceStatus {
             r#type: crate::xds::short_type(&r.type_url).to_string(),
             type_url: r.type_url,
             name: r.name,

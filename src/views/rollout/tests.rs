@@ -51,7 +51,7 @@ impl<'a> Client<'a> {
         let mut c = Correlator::new(
             Api::Sotw,
             StreamContext {
-                stream_id: stream,
+                seq: stream,
                 ..Default::default()
             },
         );
@@ -89,8 +89,8 @@ impl<'a> Client<'a> {
     }
 }
 
-fn one(view: &Rollouts, now: u64, version: &str) -> tap::Rollout {
-    let ask = tap::RolloutsRequest {
+fn one(view: &Rollouts, now: u64, version: &str) -> v1::Rollout {
+    let ask = v1::RolloutsRequest {
         version: version.into(),
         every_node: true,
         ..Default::default()
@@ -159,7 +159,7 @@ fn who_acked_who_nacked_and_who_was_never_pushed() {
     assert_eq!(r.latency_p50_ms, 2000.0);
     let v1 = one(&view, 15 * S, "v1");
     assert_eq!((v1.pushed, v1.acked), (3, 3));
-    let of_type = |t: &str| tap::RolloutsRequest {
+    let of_type = |t: &str| v1::RolloutsRequest {
         types: vec![t.into()],
         ..Default::default()
     };

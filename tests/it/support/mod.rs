@@ -218,7 +218,7 @@ pub fn free_addr() -> String {
 
 /// GET `path` from an HTTP/1.1 server at `addr` (the tap's admin server): (status, body).
 /// The tap's `/status`, read back from its JSON.
-pub async fn status(admin: &str) -> xdstap::api::tap::StatusReport {
+pub async fn status(admin: &str) -> xdstap::api::v1::StatusReport {
     let (code, body) = http_get(admin, "/status").await;
     assert_eq!(code, 200, "{body}");
     serde_json::from_str(&body).unwrap()

@@ -250,7 +250,7 @@ impl Observe for Capture {
         Box::new(CaptureStream {
             inner: self.inner.on_stream(info),
             dir: self.dir.clone(),
-            id: info.id,
+            id: info.seq,
             bodies: [Vec::new(), Vec::new()],
             delta: info.path.contains("Delta"),
         })

@@ -48,7 +48,7 @@ fn correlator(api: Api) -> Correlator {
     Correlator::new(
         api,
         StreamContext {
-            stream_id: 1,
+            seq: 1,
             api: Some(api),
             ..Default::default()
         },

@@ -101,7 +101,7 @@ impl Observe for Observer {
     fn on_stream(&self, info: &StreamInfo<'_>) -> Box<dyn StreamObserver> {
         let Some(method) = Method::classify(info.path) else {
             return Box::new(Counting {
-                id: info.seq,
+                seq: info.seq,
                 path: info.path.into(),
                 counts: [Count::default(); 2],
                 deframers: [Some(Deframer::new()), Some(Deframer::new())],
@@ -149,7 +149,7 @@ struct Count {
 
 /// A non-xDS stream: bytes and gRPC messages counted, logged at stream end at debug.
 struct Counting {
-    id: u64,
+    seq: u64,
     path: String,
     counts: [Count; 2],
     /// Per direction; dropped when the body turns out not to be gRPC-framed.
@@ -178,7 +178,7 @@ impl StreamObserver for Counting {
         }
     }
     fn on_end(&mut self, end: &StreamEnd) {
-        tracing::debug!(stream = self.id, path = %self.path, request_bytes = self.counts[0].bytes,
+        tracing::debug!(stream = self.seq, path = %self.path, request_bytes = self.counts[0].bytes,
             response_bytes = self.counts[1].bytes, ?end, "Stream closed");
     }
 }

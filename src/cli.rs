@@ -1,5 +1,5 @@
 //! The command line: subcommands and their flags. `run` and `check-config` take every
-//! [`Options`] flag; the values are parsed by [`crate::config`], so a bad one is reported with
+//! [`Options`] flag; the values are parsed by [`xdstap::config`], so a bad one is reported with
 //! its option, flag and value, and exits 64.
 
 pub mod client;
@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::{HumanDuration, Options, SpanOptions, DEFAULT_ADMIN};
+use xdstap::config::{HumanDuration, Options, SpanOptions, DEFAULT_ADMIN};
 
 /// EX_USAGE: a bad flag, file or value.
 pub const EX_USAGE: u8 = 64;
@@ -84,7 +84,7 @@ pub struct RolloutArgs {
     /// Only this version [default: every version the tap keeps].
     pub version: Option<String>,
     /// Only these types (CDS, LDS, ... or type URLs); repeat or separate with commas.
-    #[arg(long = "type", short = 't', value_name = "TYPE", value_delimiter = ',', value_parser = crate::xds::type_name)]
+    #[arg(long = "type", short = 't', value_name = "TYPE", value_delimiter = ',', value_parser = xdstap_core::xds::type_name)]
     pub types: Vec<String>,
     /// Output: table; wide (the nodes behind each version, superseded ones included, whole
     /// messages); or json.
@@ -107,7 +107,7 @@ pub struct WaitArgs {
     pub version: String,
     /// Only these types (CDS, LDS, ... or type URLs); repeat or separate with commas
     /// [default: every type pushed VERSION].
-    #[arg(long = "type", short = 't', value_name = "TYPE", value_delimiter = ',', value_parser = crate::xds::type_name)]
+    #[arg(long = "type", short = 't', value_name = "TYPE", value_delimiter = ',', value_parser = xdstap_core::xds::type_name)]
     pub types: Vec<String>,
     /// Give up after this long (exit 2).
     #[arg(long, value_name = "DURATION", default_value = "60s")]
@@ -128,7 +128,7 @@ pub struct WatchArgs {
     #[arg(long, value_name = "GLOB")]
     pub node: Option<String>,
     /// Only these types (CDS, LDS, ... or type URLs); repeat or separate with commas.
-    #[arg(long = "type", short = 't', value_name = "TYPE", value_delimiter = ',', value_parser = crate::xds::type_name)]
+    #[arg(long = "type", short = 't', value_name = "TYPE", value_delimiter = ',', value_parser = xdstap_core::xds::type_name)]
     pub types: Vec<String>,
     /// Only these kinds; repeat or separate with commas [default: ack, nack, superseded,
     /// unanswered, resubscribe].
@@ -171,8 +171,8 @@ pub enum WatchKind {
 
 impl WatchKind {
     /// The API's kind.
-    pub fn kind(self) -> crate::api::v1::watch_event::Kind {
-        use crate::api::v1::watch_event::Kind;
+    pub fn kind(self) -> xdstap::api::v1::watch_event::Kind {
+        use xdstap::api::v1::watch_event::Kind;
         match self {
             WatchKind::Ack => Kind::Ack,
             WatchKind::Nack => Kind::Nack,
@@ -230,7 +230,7 @@ pub struct DemoArgs {
     /// Also serve the admin address here, the live page at / included, and keep serving it
     /// once the story is told, until interrupted (Ctrl-C) [default: none].
     #[arg(long, value_name = "ADDR")]
-    pub admin: Option<crate::proxy::Endpoint>,
+    pub admin: Option<xdstap::proxy::Endpoint>,
 }
 
 /// When to colour output.
@@ -289,7 +289,7 @@ pub enum Output {
 impl Output {
     /// Prints `report` as JSON, or as the table `render` makes of it (`true`: wide).
     /// JSON as it is (it escapes control characters itself); a table of the report with every
-    /// string made [`printable`](crate::xds::printable) first.
+    /// string made [`printable`](xdstap_core::xds::printable) first.
     pub fn print<T>(self, report: &T, render: impl Fn(&T, bool) -> String)
     where
         T: serde::Serialize + serde::de::DeserializeOwned,
@@ -315,7 +315,7 @@ pub fn printable_copy<T: serde::Serialize + serde::de::DeserializeOwned>(report:
     fn walk(v: &mut serde_json::Value) {
         match v {
             serde_json::Value::String(s) => {
-                if let std::borrow::Cow::Owned(clean) = crate::xds::printable(s) {
+                if let std::borrow::Cow::Owned(clean) = xdstap_core::xds::printable(s) {
                     *s = clean;
                 }
             }
@@ -360,6 +360,6 @@ mod tests {
 
     #[test]
     fn the_command_line_is_well_formed() {
-        crate::config::with_defaults(super::Cli::command()).debug_assert();
+        xdstap::config::with_defaults(super::Cli::command()).debug_assert();
     }
 }

@@ -1,5 +1,5 @@
 //! `xdstap demo`: the whole story in one process. An embedded SotW ADS control plane serves
-//! real Envoy config through the tap (assembled by [`crate::server`], as `xdstap run` does) to a
+//! real Envoy config through the tap (assembled by [`xdstap::server`], as `xdstap run` does) to a
 //! real Envoy, installed into the project-local `.envoy/` when none is found, or, where none can
 //! run, a built-in client that says it is a stand-in.
 //!

@@ -1,4 +1,4 @@
-//! The `xdstap` binary; the command line lives in the library ([`xdstap::main`]). The binary
+//! The `xdstap` binary; the command line lives in the library ([`xdstap_cli::main`]). The binary
 //! owns the process, so it chooses the allocator: mimalloc, giving freed pages back to the
 //! system as soon as they empty, in pages of 64 KiB rather than transparent huge pages of
 //! 2 MiB. Measured with `cargo bench --bench storm` (docs/performance.md): after 10,000 nodes
@@ -18,7 +18,7 @@ const ALLOW_THP: libmimalloc_sys::mi_option_t = 43;
 
 fn main() -> ExitCode {
     give_back_freed_pages();
-    xdstap::main()
+    xdstap_cli::main()
 }
 
 /// Emptied pages go back at once, not a second later at the thread's next allocation (an idle

@@ -13,9 +13,9 @@ use tonic::codegen::Service;
 use tonic::transport::{Channel, Uri};
 
 use super::{EX_UNAVAILABLE, EX_USAGE};
-use crate::api::csds::client_status_discovery_service_client::ClientStatusDiscoveryServiceClient;
-use crate::api::v1::tap_client::TapClient;
-use crate::proxy::{AddressError, Endpoint};
+use xdstap::api::csds::client_status_discovery_service_client::ClientStatusDiscoveryServiceClient;
+use xdstap::api::v1::tap_client::TapClient;
+use xdstap::proxy::{AddressError, Endpoint};
 
 /// How long a connect to the tap may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -112,11 +112,10 @@ impl AdminClient {
         let channel = match endpoint {
             Endpoint::Tcp(a) => {
                 let uri = format!("http://{a}");
-                (Channel::from_shared(uri)
-                    .map_err(|reason| AskError::Uri {
-                        admin: admin.into(),
-                        reason,
-                    })?)
+                (Channel::from_shared(uri).map_err(|reason| AskError::Uri {
+                    admin: admin.into(),
+                    reason,
+                })?)
                 .connect_timeout(CONNECT_TIMEOUT)
                 .connect()
                 .await

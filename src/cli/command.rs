@@ -4,13 +4,13 @@
 use std::process::ExitCode;
 
 use crate::cli::{Cli, Color, Command, EX_USAGE};
-use crate::config::{Config, LogFormat, Options};
-use crate::proxy::Listener;
 use clap::{ArgMatches, CommandFactory, FromArgMatches};
+use xdstap::config::{Config, LogFormat, Options};
+use xdstap::proxy::Listener;
 
 /// The `xdstap` binary's `main`: runs the command its arguments name.
 pub fn main() -> ExitCode {
-    let parsed = crate::config::with_defaults(Cli::command())
+    let parsed = xdstap::config::with_defaults(Cli::command())
         .try_get_matches()
         .and_then(|m| Cli::from_arg_matches(&m).map(|cli| (cli, m)));
     let (cli, matches) = match parsed {
@@ -129,7 +129,7 @@ fn run(config: Config) -> ExitCode {
     init_logging(config.log_format, &config.log_level);
     let mut config = config;
     if let (Some(open_files), Some(admin)) = (raise_open_files_limit(), config.admin.as_mut()) {
-        admin.max_connections = crate::admin::connections_for(open_files);
+        admin.max_connections = xdstap::config::connections_for(open_files);
     }
     let runtime = match runtime(Some(config.threads)) {
         Ok(r) => r,
@@ -143,7 +143,7 @@ fn run(config: Config) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        match crate::run(config, listener, shutdown_signal()).await {
+        match xdstap::run(config, listener, shutdown_signal()).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) if e.is_usage() => usage_error(e),
             Err(e) => {

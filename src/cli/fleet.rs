@@ -10,11 +10,11 @@ use std::future::Future;
 use std::process::ExitCode;
 
 use super::client::{AdminClient, AskError};
-use crate::api::v1::{
+use xdstap::api::v1::rollout_node::Standing;
+use xdstap::api::v1::{
     NackGroup, NodeStatus, Rollout, RolloutNode, RolloutReport, StatusReport, TapAnswer,
 };
-use crate::proxy::Endpoint;
-use crate::api::v1::rollout_node::Standing;
+use xdstap::proxy::Endpoint;
 
 /// Nodes listed per list of a merged rollout (as a tap lists them).
 const LISTED: usize = 20;
@@ -58,7 +58,10 @@ impl Fleet {
                 add(admin.to_string(), Ok(endpoint));
                 continue;
             };
-            if endpoint.host().is_some_and(|h| h.parse::<std::net::IpAddr>().is_ok()) {
+            if endpoint
+                .host()
+                .is_some_and(|h| h.parse::<std::net::IpAddr>().is_ok())
+            {
                 add(admin.to_string(), Ok(endpoint));
                 continue;
             }
@@ -83,7 +86,7 @@ impl Fleet {
         if taps.is_empty() {
             return Err(AskError::Address {
                 admin: given.join(","),
-                reason: crate::proxy::AddressError::NoPort,
+                reason: xdstap::proxy::AddressError::NoPort,
             });
         }
         Ok(Fleet { taps })
@@ -267,9 +270,7 @@ pub fn status(answers: Vec<(String, StatusReport)>, taps: Vec<TapAnswer>) -> Sta
     }
     for (_, mut views) in by_id {
         // Stable: between equals, the tap given first.
-        views.sort_by(|a, b| {
-            (b.connected, &b.last_seen).cmp(&(a.connected, &a.last_seen))
-        });
+        views.sort_by(|a, b| (b.connected, &b.last_seen).cmp(&(a.connected, &a.last_seen)));
         let mut views = views.into_iter();
         let mut node = views.next().expect("one view at least");
         node.elsewhere = views.collect();
@@ -309,7 +310,9 @@ pub fn rollouts(answers: Vec<(String, RolloutReport)>, taps: Vec<TapAnswer>) -> 
             merged.generated_at = report.generated_at;
         }
         for mut r in report.rollouts {
-            let v = versions.entry((r.type_url.clone(), r.version.clone())).or_default();
+            let v = versions
+                .entry((r.type_url.clone(), r.version.clone()))
+                .or_default();
             for mut n in std::mem::take(&mut r.nodes) {
                 n.tap = admin.clone();
                 let group = (n.nack_group as usize)
@@ -375,7 +378,7 @@ fn version(v: Version) -> Rollout {
             _ => behind.push(n),
         }
         if let Some(g) = group {
-            let key = crate::api::group_key(&g.message);
+            let key = xdstap::api::group_key(&g.message);
             let i = match groups.iter().position(|(k, _)| *k == key) {
                 Some(i) => i,
                 None => {
@@ -418,7 +421,10 @@ fn moved_on(all: &mut [Rollout]) {
     let mut acked: HashMap<(&str, &str), Vec<&str>> = HashMap::new();
     for r in all.iter() {
         for n in r.nodes.iter().filter(|n| standing(n) == Standing::Acked) {
-            acked.entry((&r.type_url, &n.node)).or_default().push(&r.first_push);
+            acked
+                .entry((&r.type_url, &n.node))
+                .or_default()
+                .push(&r.first_push);
         }
     }
     let counts: Vec<u64> = (all.iter())
@@ -440,7 +446,7 @@ fn moved_on(all: &mut [Rollout]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::v1::SyncState;
+    use xdstap::api::v1::SyncState;
 
     fn node(id: &str, connected: bool, last_seen: &str, state: SyncState) -> NodeStatus {
         NodeStatus {
@@ -457,14 +463,24 @@ mod tests {
         let a = StatusReport {
             generated_at: "t1".into(),
             nodes: vec![
-                node("n1", false, "2026-01-01T00:00:09.000000Z", SyncState::Nacked),
+                node(
+                    "n1",
+                    false,
+                    "2026-01-01T00:00:09.000000Z",
+                    SyncState::Nacked,
+                ),
                 node("n2", true, "2026-01-01T00:00:01.000000Z", SyncState::Synced),
             ],
             ..Default::default()
         };
         let b = StatusReport {
             generated_at: "t2".into(),
-            nodes: vec![node("n1", true, "2026-01-01T00:00:05.000000Z", SyncState::Synced)],
+            nodes: vec![node(
+                "n1",
+                true,
+                "2026-01-01T00:00:05.000000Z",
+                SyncState::Synced,
+            )],
             ..Default::default()
         };
         let r = status(vec![("A".into(), a), ("B".into(), b)], vec![]);
@@ -515,7 +531,12 @@ mod tests {
             rollouts: vec![version(
                 "v2",
                 "2",
-                vec![seen("n1", Standing::Nacked, "2026-01-01T00:00:02.000000Z", 1)],
+                vec![seen(
+                    "n1",
+                    Standing::Nacked,
+                    "2026-01-01T00:00:02.000000Z",
+                    1,
+                )],
                 "bad b goo.gle/debugonly",
             )],
             ..Default::default()
@@ -549,7 +570,10 @@ mod tests {
         let v2 = &r.rollouts[1];
         assert_eq!((v2.pushed, v2.acked, v2.nacked), (2, 1, 1));
         assert_eq!(v2.nacks.len(), 1);
-        assert_eq!((v2.nacks[0].nodes, &v2.nacks[0].examples[..]), (1, &["n1".to_string()][..]));
+        assert_eq!(
+            (v2.nacks[0].nodes, &v2.nacks[0].examples[..]),
+            (1, &["n1".to_string()][..])
+        );
         assert_eq!(v2.behind[0].tap, "B", "the newer push's view");
         assert_eq!(v2.moved_on, 1, "n1 took v3 since");
         assert!(v2.nodes.is_empty(), "the node lists stay behind");

@@ -7,12 +7,13 @@ use std::process::ExitCode;
 
 use super::client::{block_on, AskError};
 use super::fleet::{self, Fleet};
-use super::status::{age, landed, one_line};
+use super::status::{age, client_name, dash, landed, one_line, ResourceRow};
 use super::{table, RolloutArgs};
-use crate::api::v1::{Rollout, RolloutReport, RolloutsRequest};
-use crate::api::v1::rollout_node::Standing;
-use crate::api::v1::NackScope;
-use crate::api::type_wanted;
+use xdstap::api::csds::ClientResourceStatus;
+use xdstap::api::type_wanted;
+use xdstap::api::v1::rollout_node::Standing;
+use xdstap::api::v1::NackScope;
+use xdstap::api::v1::{Rollout, RolloutReport, RolloutsRequest};
 
 /// `xdstap rollout`.
 pub fn run(args: &RolloutArgs) -> ExitCode {
@@ -78,42 +79,33 @@ async fn run_resource(taps: &mut Fleet, args: &RolloutArgs, name: &str, version:
         Err(e) => return e.exit("rollout"),
     };
     let partial = fleet::warn_partial("rollout", &answered);
-    let text = |r: &serde_json::Value, k: &str| r[k].as_str().unwrap_or("").to_string();
-    let wanted = |r: &&serde_json::Value| {
-        r["name"] == name && type_wanted(&args.types, r["type_url"].as_str().unwrap_or(""))
-    };
+    let wanted = |r: &&ResourceRow| r.name == name && type_wanted(&args.types, &r.type_url);
     let mut table_rows = vec![["NODE", "TYPE", "RUNS", "STATE", "OF VERSION"]
         .iter()
         .map(|h| h.to_string())
         .collect::<Vec<_>>()];
     let (mut runs, mut rejected) = (0, 0);
-    let mut found: Vec<&serde_json::Value> = rows.iter().filter(wanted).collect();
-    found.sort_by_key(|r| (text(r, "version") != version, text(r, "node")));
+    let mut found: Vec<&ResourceRow> = rows.iter().filter(wanted).collect();
+    found.sort_by_key(|r| (r.version != version, r.node.clone()));
     for r in &found {
-        let state = text(r, "client");
-        let of = match (
-            text(r, "version") == version,
-            r["rejected_version"].as_str(),
-        ) {
+        let nacked = r.client == ClientResourceStatus::Nacked;
+        let of = match (r.version == version, r.rejected_version.as_deref()) {
             (true, _) => {
                 runs += 1;
                 "runs it".to_string()
             }
-            (false, Some(v)) if v == version && state == "NACKED" => {
+            (false, Some(v)) if v == version && nacked => {
                 rejected += 1;
-                format!("rejected it: {}", one_line(&text(r, "error"), false))
+                let error = r.error.as_deref().unwrap_or("");
+                format!("rejected it: {}", one_line(error, false))
             }
             _ => "another version".to_string(),
         };
-        let runs_version = match text(r, "version") {
-            v if v.is_empty() => "-".to_string(),
-            v => v,
-        };
         table_rows.push(vec![
-            text(r, "node"),
-            text(r, "type"),
-            runs_version,
-            state,
+            r.node.clone(),
+            r.short_type.clone(),
+            dash(&r.version),
+            client_name(r.client).to_string(),
             of,
         ]);
     }
@@ -132,7 +124,7 @@ async fn run_resource(taps: &mut Fleet, args: &RolloutArgs, name: &str, version:
             let table_rows: Vec<Vec<String>> = (table_rows.iter())
                 .map(|r| {
                     r.iter()
-                        .map(|c| crate::xds::printable(c).into_owned())
+                        .map(|c| xdstap_core::xds::printable(c).into_owned())
                         .collect()
                 })
                 .collect();

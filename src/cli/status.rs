@@ -8,9 +8,8 @@ use std::process::ExitCode;
 use super::client::{block_on, AdminClient, AskError};
 use super::fleet::{self, Fleet};
 use super::{table, StatusArgs, EX_NO_NODE};
-use crate::api::v1::{
-    NackScope, NodeStatus, StatusReport, StatusRequest, SyncState, TypeStatus,
-};
+use xdstap::api::csds::{ClientResourceStatus, ConfigStatus};
+use xdstap::api::v1::{NackScope, NodeStatus, StatusReport, StatusRequest, SyncState, TypeStatus};
 
 /// `xdstap status`: fetch, print, and say by the exit status whether anything needs attention.
 pub fn run(args: &StatusArgs) -> ExitCode {
@@ -62,13 +61,7 @@ async fn resources(taps: &mut Fleet, node: &str, output: super::Output) -> ExitC
         eprintln!("xdstap status: no tap that answered knows resources of node {node:?}");
         return fleet::not_found(EX_NO_NODE, partial);
     }
-    // DOES_NOT_EXIST with an error: its TTL lapsed, the client dropped it.
-    let bad = |r: &serde_json::Value| match r["client"].as_str() {
-        Some("NACKED" | "RECEIVED_ERROR") => true,
-        Some("DOES_NOT_EXIST") => r["error"].as_str().is_some_and(|e| !e.is_empty()),
-        _ => false,
-    };
-    let problems = rows.iter().any(bad);
+    let problems = rows.iter().any(ResourceRow::is_bad);
     output.print(&ResourceRows(rows), render_resources);
     if output != super::Output::Json {
         print!("{}", fleet::missing_lines(&answered));
@@ -82,7 +75,7 @@ async fn resources(taps: &mut Fleet, node: &str, output: super::Output) -> ExitC
 pub async fn fetch_resources(
     taps: &mut Fleet,
     node: Option<&str>,
-) -> Result<(Vec<serde_json::Value>, Vec<crate::api::v1::TapAnswer>), AskError> {
+) -> Result<(Vec<ResourceRow>, Vec<xdstap::api::v1::TapAnswer>), AskError> {
     let node = node.map(String::from);
     let answers = (taps.ask(move |tap| {
         let node = node.clone();
@@ -90,14 +83,13 @@ pub async fn fetch_resources(
     }))
     .await;
     let (answers, answered) = fleet::split(answers)?;
-    let mut newest: std::collections::BTreeMap<(String, String, String), serde_json::Value> =
+    let mut newest: std::collections::BTreeMap<(String, String, String), ResourceRow> =
         Default::default();
     for (admin, rows) in answers {
         for mut row in rows {
-            row["tap"] = admin.clone().into();
-            let key = ["node", "type_url", "name"].map(|k| row[k].as_str().unwrap_or("").to_string());
-            let key = (key[0].clone(), key[1].clone(), key[2].clone());
-            let later = |seen: &serde_json::Value| row["last_updated"].as_f64() > seen["last_updated"].as_f64();
+            row.tap = admin.clone();
+            let key = (row.node.clone(), row.type_url.clone(), row.name.clone());
+            let later = |seen: &ResourceRow| row.last_updated > seen.last_updated;
             if newest.get(&key).is_none_or(later) {
                 newest.insert(key, row);
             }
@@ -106,14 +98,10 @@ pub async fn fetch_resources(
     Ok((newest.into_values().collect(), answered))
 }
 
-/// One tap's CSDS answer for `node` (or every node), a JSON object per resource.
-async fn csds_rows(
-    mut tap: AdminClient,
-    node: Option<&str>,
-) -> Result<Vec<serde_json::Value>, AskError> {
-    use crate::api::csds::{
-        string_matcher::MatchPattern, ClientResourceStatus, ClientStatusRequest, ConfigStatus,
-        NodeMatcher, StringMatcher,
+/// One tap's CSDS answer for `node` (or every node), a row per resource.
+async fn csds_rows(mut tap: AdminClient, node: Option<&str>) -> Result<Vec<ResourceRow>, AskError> {
+    use xdstap::api::csds::{
+        string_matcher::MatchPattern, ClientStatusRequest, NodeMatcher, StringMatcher,
     };
     let request = ClientStatusRequest {
         node_matchers: (node.into_iter())
@@ -129,7 +117,6 @@ async fn csds_rows(
         Ok(r) => r.into_inner(),
         Err(e) => return Err(tap.failed(e)),
     };
-    let name = |s: &str| s.trim_start_matches("CLIENT_RESOURCE_STATUS_").to_string();
     let each = (answer.config.iter()).flat_map(|c| {
         let id = c.node.as_ref().map_or("", |n| n.id.as_str());
         c.generic_xds_configs.iter().map(move |g| (id, g))
@@ -137,58 +124,153 @@ async fn csds_rows(
     Ok(each
         .map(|(id, g)| {
             let error = g.error_state.as_ref();
-            let updated = (g.last_updated.as_ref())
-                .map_or(0.0, |t| t.seconds as f64 + f64::from(t.nanos) / 1e9);
-            serde_json::json!({
-                "node": id,
-                "type": crate::xds::short_type(&g.type_url),
-                "type_url": g.type_url,
-                "name": g.name,
-                "version": g.version_info,
-                "client": name(ClientResourceStatus::try_from(g.client_status)
-                    .map_or("UNKNOWN", |s| s.as_str_name())),
-                "config": ConfigStatus::try_from(g.config_status)
-                    .map_or("UNKNOWN", |s| s.as_str_name()),
-                "error": error.map(|e| e.details.clone()),
-                "rejected_version": error.map(|e| e.version_info.clone()).filter(|v| !v.is_empty()),
-                "last_updated": updated,
-            })
+            ResourceRow {
+                node: id.to_string(),
+                short_type: xdstap_core::xds::short_type(&g.type_url).to_string(),
+                type_url: g.type_url.clone(),
+                name: g.name.clone(),
+                version: g.version_info.clone(),
+                client: ClientResourceStatus::try_from(g.client_status).unwrap_or_default(),
+                config: ConfigStatus::try_from(g.config_status).unwrap_or_default(),
+                error: error.map(|e| e.details.clone()),
+                rejected_version: error
+                    .map(|e| e.version_info.clone())
+                    .filter(|v| !v.is_empty()),
+                last_updated: (g.last_updated.as_ref())
+                    .map_or(0.0, |t| t.seconds as f64 + f64::from(t.nanos) / 1e9),
+                tap: String::new(),
+            }
         })
         .collect())
+}
+
+/// One resource of one node as a tap's CSDS gives it (`status --resources`, `rollout
+/// --resource`); its JSON names the statuses as CSDS does (the client's without its prefix).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct ResourceRow {
+    /// The node's id.
+    pub node: String,
+    /// The type's short name (CDS, ...).
+    #[serde(rename = "type")]
+    pub short_type: String,
+    /// The type URL.
+    pub type_url: String,
+    /// The resource's name.
+    pub name: String,
+    /// The version the node runs it from ("" when none).
+    pub version: String,
+    /// How the client stands with it.
+    #[serde(with = "client_status")]
+    pub client: ClientResourceStatus,
+    /// How the control plane's config stands with it.
+    #[serde(with = "config_status")]
+    pub config: ConfigStatus,
+    /// The client's error, when it rejected it (or it lapsed).
+    pub error: Option<String>,
+    /// The version whose copy it rejected.
+    pub rejected_version: Option<String>,
+    /// When it last changed, seconds since the epoch.
+    pub last_updated: f64,
+    /// The admin address of the tap that said so.
+    pub tap: String,
+}
+
+impl ResourceRow {
+    /// Whether the node is in trouble with it: rejected, or dropped on an error (a TTL that
+    /// lapsed: DOES_NOT_EXIST with an error).
+    pub fn is_bad(&self) -> bool {
+        match self.client {
+            ClientResourceStatus::Nacked | ClientResourceStatus::ReceivedError => true,
+            ClientResourceStatus::DoesNotExist => {
+                self.error.as_ref().is_some_and(|e| !e.is_empty())
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A client status's name as shown: CSDS's value name less `CLIENT_RESOURCE_STATUS_`.
+pub fn client_name(v: ClientResourceStatus) -> &'static str {
+    v.as_str_name()
+        .trim_start_matches("CLIENT_RESOURCE_STATUS_")
+}
+
+/// CSDS's client status by its value name, less `CLIENT_RESOURCE_STATUS_` (`NACKED`).
+mod client_status {
+    use xdstap::api::csds::ClientResourceStatus;
+
+    use super::client_name;
+
+    const PREFIX: &str = "CLIENT_RESOURCE_STATUS_";
+
+    pub fn serialize<S: serde::Serializer>(
+        v: &ClientResourceStatus,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.serialize_str(client_name(*v))
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<ClientResourceStatus, D::Error> {
+        let name: String = serde::Deserialize::deserialize(d)?;
+        ClientResourceStatus::from_str_name(&name)
+            .or_else(|| ClientResourceStatus::from_str_name(&format!("{PREFIX}{name}")))
+            .ok_or_else(|| serde::de::Error::custom(format!("no client status {name:?}")))
+    }
+}
+
+/// CSDS's config status by its value name.
+mod config_status {
+    use xdstap::api::csds::ConfigStatus;
+
+    pub fn serialize<S: serde::Serializer>(v: &ConfigStatus, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(v.as_str_name())
+    }
+
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ConfigStatus, D::Error> {
+        let name: String = serde::Deserialize::deserialize(d)?;
+        ConfigStatus::from_str_name(&name)
+            .ok_or_else(|| serde::de::Error::custom(format!("no config status {name:?}")))
+    }
 }
 
 /// A node's resources, printed as a JSON array or a table.
 #[derive(serde::Serialize, serde::Deserialize)]
 #[serde(transparent)]
-struct ResourceRows(Vec<serde_json::Value>);
+struct ResourceRows(Vec<ResourceRow>);
 
 /// One line per resource: type, name, the version it runs, how it stands, its error.
 fn render_resources(ResourceRows(rows): &ResourceRows, wide: bool) -> String {
-    let text = |v: &serde_json::Value| v.as_str().unwrap_or("").to_string();
     let mut table_rows = vec![["TYPE", "NAME", "RUNS", "STATE", "SENT", "ERROR"]
         .iter()
         .map(|h| h.to_string())
         .collect::<Vec<_>>()];
     for r in rows {
-        let version = match text(&r["version"]) {
-            v if v.is_empty() => "-".to_string(),
-            v => v,
-        };
-        let error = match (r["error"].as_str(), r["rejected_version"].as_str()) {
+        let error = match (&r.error, &r.rejected_version) {
             (Some(e), Some(v)) => format!("{} (rejected {v})", one_line(e, wide)),
             (Some(e), None) => one_line(e, wide),
             (None, _) => "-".into(),
         };
         table_rows.push(vec![
-            text(&r["type"]),
-            text(&r["name"]),
-            version,
-            text(&r["client"]),
-            text(&r["config"]),
+            r.short_type.clone(),
+            r.name.clone(),
+            dash(&r.version),
+            client_name(r.client).to_string(),
+            r.config.as_str_name().to_string(),
             error,
         ]);
     }
     table(&table_rows)
+}
+
+/// `value`, or `-` when empty.
+pub fn dash(value: &str) -> String {
+    if value.is_empty() {
+        "-".into()
+    } else {
+        value.into()
+    }
 }
 
 /// An age for people: `45s`, `3m`, `2h`, `4d`.
@@ -210,7 +292,10 @@ fn cell(t: Option<&TypeStatus>, wide: bool) -> String {
     let Some(t) = t else {
         return "IGNORED".into();
     };
-    let partial = t.nack.as_ref().is_some_and(|n| n.scope() == NackScope::Partial);
+    let partial = t
+        .nack
+        .as_ref()
+        .is_some_and(|n| n.scope() == NackScope::Partial);
     let mut label = match t.state() {
         SyncState::Nacked if partial => "PARTIAL".to_string(),
         s => s.label().to_string(),
@@ -502,7 +587,10 @@ mod tests {
         let short = one_line(&long, false);
         let whole = one_line(&long, true);
         let reason = one_line(&reason, true);
-        assert!(short.ends_with(&reason) && short.len() < whole.len() - 300, "{short}");
+        assert!(
+            short.ends_with(&reason) && short.len() < whole.len() - 300,
+            "{short}"
+        );
         assert_eq!(one_line("a\n  b", false), "a b");
         assert!(one_line(&dump, true).len() > 300);
     }

@@ -18,7 +18,7 @@ use super::client::block_on;
 use super::fleet::{self, Fleet};
 use super::rollout::details;
 use super::{WaitArgs, EX_PARTIAL};
-use crate::api::v1::Rollout;
+use xdstap::api::v1::Rollout;
 
 /// How often the taps are asked.
 const POLL: Duration = Duration::from_millis(100);
@@ -61,11 +61,11 @@ async fn wait(args: &WaitArgs) -> ExitCode {
         Err(e) => return e.exit("wait"),
     };
     loop {
-        let report =
-            match super::rollout::fetch(&mut taps, Some(&args.version), &args.types).await {
-                Ok(r) => r,
-                Err(e) => return e.exit("wait"),
-            };
+        let report = match super::rollout::fetch(&mut taps, Some(&args.version), &args.types).await
+        {
+            Ok(r) => r,
+            Err(e) => return e.exit("wait"),
+        };
         let report = super::printable_copy(&report);
         let rollouts = &report.rollouts;
         // A tap that did not answer may hold nodes still to answer: never done without it.
@@ -99,7 +99,11 @@ async fn wait(args: &WaitArgs) -> ExitCode {
 }
 
 /// What stands in the way at the deadline: 4 when only taps that do not answer do, else 2.
-fn timed_out(args: &WaitArgs, started: Instant, report: &crate::api::v1::RolloutReport) -> ExitCode {
+fn timed_out(
+    args: &WaitArgs,
+    started: Instant,
+    report: &xdstap::api::v1::RolloutReport,
+) -> ExitCode {
     let waited = humantime(started.elapsed());
     let rollouts = &report.rollouts;
     let partial = fleet::is_partial(&report.taps);

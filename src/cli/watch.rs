@@ -8,8 +8,8 @@ use super::client::{block_on, AdminClient};
 use super::fleet::{self, Fleet};
 use super::status::{landed, one_line};
 use super::{Output, WatchArgs, EX_PARTIAL, EX_UNAVAILABLE};
-use crate::api::v1::watch_event::Kind;
-use crate::api::v1::{NackScope, WatchEvent, WatchRequest};
+use xdstap::api::v1::watch_event::Kind;
+use xdstap::api::v1::{NackScope, WatchEvent, WatchRequest};
 
 /// `xdstap watch`.
 pub fn run(args: &WatchArgs) -> ExitCode {
@@ -77,7 +77,10 @@ async fn watch(args: &WatchArgs) -> ExitCode {
     for t in &answered {
         match t.error.is_empty() {
             true => eprintln!("xdstap watch: watching the tap at {}", t.admin),
-            false => eprintln!("xdstap watch: not watching the tap at {}: {}", t.admin, t.error),
+            false => eprintln!(
+                "xdstap watch: not watching the tap at {}: {}",
+                t.admin, t.error
+            ),
         }
     }
     let marked = answered.len() > 1;
@@ -99,7 +102,10 @@ async fn watch(args: &WatchArgs) -> ExitCode {
                 eprintln!("xdstap watch: the tap at {admin} is gone: {why}");
                 if marked {
                     // In the output too: what follows lacks that tap's events.
-                    let _ = writeln!(out, "({admin} is gone: events from it are missing from here on)");
+                    let _ = writeln!(
+                        out,
+                        "({admin} is gone: events from it are missing from here on)"
+                    );
                 }
                 if open == 0 {
                     return ExitCode::from(EX_UNAVAILABLE);
@@ -119,7 +125,7 @@ async fn watch(args: &WatchArgs) -> ExitCode {
                     true => format!("[{}]  {line}", e.tap),
                     false => line,
                 };
-                crate::xds::printable(&line).into_owned()
+                xdstap_core::xds::printable(&line).into_owned()
             }
         };
         // A closed pipe (`| head`) ends the watch quietly.
@@ -264,12 +270,17 @@ mod tests {
             ..Default::default()
         };
         let l = line(&e, false);
-        assert!(!l.contains("waiting for") && l.contains("running what it ran before"), "{l}");
+        assert!(
+            !l.contains("waiting for") && l.contains("running what it ran before"),
+            "{l}"
+        );
         let late = WatchEvent {
             kind: Kind::Ack as i32,
             ..e.clone()
         };
-        assert!(line(&late, false).contains("after the fetch timeout, without endpoints of backend"));
+        assert!(
+            line(&late, false).contains("after the fetch timeout, without endpoints of backend")
+        );
         // A push replaced while its clusters waited did wait.
         let replaced = WatchEvent {
             kind: Kind::Superseded as i32,

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use super::messages::{request, validate, Pipe, ADS, CDS, LDS};
-use crate::xds::wire as pb;
+use xdstap_core::xds::wire as pb;
 
 /// A response as the built-in client read it, with its validation result.
 struct Received {

@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 use super::messages::{cluster, cluster_at, listener, response, Pipe, CDS, LDS};
-use crate::xds::wire as pb;
+use xdstap_core::xds::wire as pb;
 
 /// The control plane's config: one version for both types.
 #[derive(Clone, Debug)]
@@ -174,8 +174,8 @@ impl ControlPlane {
                         }
                         Command::Push(_) => Ok(()),
                         Command::PushPair(a, b) => {
-                            let mut both = crate::grpc::encode(&a.response(CDS, &self.next_nonce()));
-                            both.extend_from_slice(&crate::grpc::encode(&b.response(CDS, &self.next_nonce())));
+                            let mut both = xdstap_core::grpc::encode(&a.response(CDS, &self.next_nonce()));
+                            both.extend_from_slice(&xdstap_core::grpc::encode(&b.response(CDS, &self.next_nonce())));
                             pipe.send.send_data(Bytes::from(both), false).map_err(anyhow::Error::from)
                         }
                         Command::Restart => {

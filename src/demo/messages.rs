@@ -1,11 +1,11 @@
-//! The demo's messages, hand-encoded with [`crate::xds::wire`]: the Envoy config its control
+//! The demo's messages, hand-encoded with [`xdstap_core::xds::wire`]: the Envoy config its control
 //! plane serves (clusters, a listener), the xDS requests and responses, and the [`Pipe`] that
 //! carries whole gRPC messages over one HTTP/2 stream.
 
 use bytes::{Buf, Bytes, BytesMut};
 use h2::{RecvStream, SendStream};
 
-use crate::xds::wire as pb;
+use xdstap_core::xds::wire as pb;
 
 /// The ADS method the demo speaks (SotW).
 pub const ADS: &str =
@@ -147,7 +147,7 @@ impl Pipe {
     /// Sends one message.
     pub fn send(&mut self, msg: &[u8]) -> anyhow::Result<()> {
         self.send
-            .send_data(Bytes::from(crate::grpc::encode(msg)), false)?;
+            .send_data(Bytes::from(xdstap_core::grpc::encode(msg)), false)?;
         Ok(())
     }
     /// The next whole message.

@@ -1,9 +1,10 @@
-//! The demo's timeline: one line per event, as the tap's own events tell it (or one JSON
-//! object per event with `--json`).
+//! The demo's timeline: one line per event, as the tap's own events tell it, a verdict as its
+//! record says it (or one JSON object per event with `--json`).
 
 use crate::cli::status::one_line;
-use crate::correlate::{Event, Scope, Verdict};
-use crate::xds::short_type;
+use xdstap::{Recorded, VerdictRecord};
+use xdstap_core::correlate::{Event, Scope, VerdictKind};
+use xdstap_core::xds::short_type;
 
 /// Prints events as they come.
 pub struct Printer {
@@ -35,21 +36,25 @@ impl Printer {
     }
 
     /// Prints events not yet printed.
-    pub fn events(&mut self, events: &[Event]) {
-        for e in &events[self.seen..] {
+    pub fn events(&mut self, events: &[Recorded]) {
+        for r in &events[self.seen..] {
             if self.json {
-                println!("{}", serde_json::to_string(e).unwrap_or_default());
+                println!("{}", serde_json::to_string(&r.event).unwrap_or_default());
             } else {
-                println!("{}", self.line(e));
+                println!("{}", self.line(r));
             }
         }
         self.seen = events.len();
     }
 
     /// One event on one line (a NACK on three).
-    fn line(&self, e: &Event) -> String {
+    fn line(&self, r: &Recorded) -> String {
+        let e = &r.event;
         let context = e.context();
-        let t = format!("+{:7.3}s", context.time.saturating_sub(self.start) as f64 / 1e9);
+        let t = format!(
+            "+{:7.3}s",
+            context.time.saturating_sub(self.start) as f64 / 1e9
+        );
         let ty = short_type(&context.type_url);
         match e {
             Event::Subscribe { .. } => format!("{t}  {ty:4} subscribe"),
@@ -70,7 +75,10 @@ impl Printer {
                     push.nonce
                 )
             }
-            Event::Verdict { .. } => self.verdict(&t, ty, e),
+            Event::Verdict { .. } => r
+                .record
+                .as_ref()
+                .map_or(String::new(), |v| self.verdict(&t, v)),
             Event::Warming { clusters, .. } if clusters.is_empty() => {
                 format!("{t}  {ty:4} warming done: every cluster has its endpoints")
             }
@@ -105,84 +113,59 @@ impl Printer {
         }
     }
 
-    fn verdict(&self, t: &str, ty: &str, e: &Event) -> String {
-        let Event::Verdict {
-            push,
-            verdict,
-            decided_at,
-            client_version,
-            overtaken_by,
-            ..
-        } = e
-        else {
-            return String::new();
-        };
-        let ms = decided_at.saturating_sub(push.at) as f64 / 1e6;
-        let late = overtaken_by
-            .as_ref()
+    fn verdict(&self, t: &str, v: &VerdictRecord) -> String {
+        let ty = &v.subject.short_type;
+        let ms = v.latency_ms;
+        let late = (v.overtaken_by.as_ref())
             .map(|n| format!(", answered after nonce {n} went out"))
             .unwrap_or_default();
-        match verdict {
-            Verdict::Ack => self.paint(
+        let error = one_line(v.error_message.as_deref().unwrap_or(""), false);
+        match v.verdict {
+            VerdictKind::Ack => self.paint(
                 "32",
-                &format!("{t}  {ty:4} ACK  {} ({ms:.1} ms{late})", push.version),
+                &format!("{t}  {ty:4} ACK  {} ({ms:.1} ms{late})", v.version),
             ),
-            Verdict::Nack {
-                error,
-                changed,
-                scope: Scope::Partial,
-                rejected,
-                applied,
-                ..
-            } => self.paint(
+            VerdictKind::Nack if v.nack_scope == Some(Scope::Partial) => self.paint(
                 "31;1",
                 &format!(
                     "{t}  {ty:4} NACK {} ({ms:.1} ms{late}), in part: {} rejected; {} applied \
-                     all the same\n             error: {}\n             changed: {}",
-                    push.version,
-                    names(rejected.iter().map(|r| r.name.as_str())),
-                    names(applied.iter().map(String::as_str)),
-                    one_line(&error.message, false),
-                    changed.join(",")
+                     all the same\n             error: {error}\n             changed: {}",
+                    v.version,
+                    names(&v.rejected),
+                    names(&v.applied),
+                    v.changed.join(",")
                 ),
             ),
-            Verdict::Nack {
-                error,
-                suspects,
-                changed,
-                scope,
-                ..
-            } => self.paint(
+            VerdictKind::Nack => self.paint(
                 "31;1",
                 &format!(
                     "{t}  {ty:4} NACK {} ({ms:.1} ms{late}): {}, client stays on {}\n             \
-                     error: {}\n             suspects: {}   changed since last ACK: {}",
-                    push.version,
-                    match scope {
-                        Scope::Whole => "the whole push rejected",
+                     error: {error}\n             suspects: {}   changed since last ACK: {}",
+                    v.version,
+                    match v.nack_scope {
+                        Some(Scope::Whole) => "the whole push rejected",
                         _ => "what of it landed is not known",
                     },
-                    client_version.as_deref().unwrap_or("?"),
-                    one_line(&error.message, false),
-                    suspects.join(","),
-                    changed.join(",")
+                    v.client_version.as_deref().unwrap_or("?"),
+                    v.suspects.join(","),
+                    v.changed.join(",")
                 ),
             ),
-            Verdict::Superseded { by_nonce } => self.paint(
+            VerdictKind::Superseded => self.paint(
                 "33",
                 &format!(
-                    "{t}  {ty:4} superseded {} by nonce {by_nonce}, never answered",
-                    push.version
+                    "{t}  {ty:4} superseded {} by nonce {}, never answered",
+                    v.version,
+                    v.superseded_by.as_deref().unwrap_or("?")
                 ),
             ),
-            Verdict::Unanswered {
-                grpc_status,
-                message,
-            } => self.paint(
+            VerdictKind::Unanswered => self.paint(
                 "33",
                 &format!(
-                    "{t}  {ty:4} unanswered {} (stream ended: grpc-status {grpc_status:?}, {message})",
-                    push.version
+                    "{t}  {ty:4} unanswered {} (stream ended: grpc-status {:?}, {})",
+                    v.version,
+                    v.grpc_status,
+                    v.end_message.as_deref().unwrap_or("")
                 ),
             ),
         }
@@ -190,8 +173,7 @@ impl Printer {
 }
 
 /// Names for people: `a, c`, or `nothing`.
-fn names<'a>(names: impl Iterator<Item = &'a str>) -> String {
-    let all: Vec<&str> = names.collect();
+fn names(all: &[String]) -> String {
     match all.is_empty() {
         true => "nothing".into(),
         false => all.join(", "),

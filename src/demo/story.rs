@@ -12,15 +12,14 @@ use super::envoy::{Bootstrap, Envoy};
 use super::messages::CDS;
 use super::printer::Printer;
 use crate::cli::Client;
-use crate::config::{AdminAddress, AdminOptions, Options};
-use crate::correlate::{Event, Scope, Verdict};
-use crate::api::v1::{RolloutReport, StatusReport};
-use crate::views::rollout::{RolloutSettings, Rollouts};
-use crate::outputs::spans::SpanSettings;
-use crate::outputs::Recorder;
-use crate::proxy::{Endpoint, Listener};
-use crate::server::Server;
-use crate::xds::short_type;
+use xdstap::api::v1::{RolloutReport, StatusReport};
+use xdstap::config::SpanSettings;
+use xdstap::config::{AdminAddress, AdminOptions, Options};
+use xdstap::proxy::{Endpoint, Listener};
+use xdstap::server::Server;
+use xdstap::Recorder;
+use xdstap_core::correlate::{Event, Scope, Verdict};
+use xdstap_core::xds::short_type;
 
 /// The demo Envoy's node id.
 const ENVOY_NODE: &str = "demo-envoy~127.0.0.1~envoy.demo~demo.svc.cluster.local";
@@ -122,8 +121,9 @@ impl Stage {
         let start = tokio::time::Instant::now();
         let mut said = false;
         loop {
-            let events = self.recorder.events();
-            self.printer.events(&events);
+            let recorded = self.recorder.recorded();
+            self.printer.events(&recorded);
+            let events: Vec<Event> = recorded.into_iter().map(|r| r.event).collect();
             if done(&events) {
                 return Ok(());
             }
@@ -170,7 +170,10 @@ fn verdicts_since(events: &[Event], from: usize) -> Vec<String> {
         .iter()
         .filter_map(|e| match e {
             Event::Verdict {
-                context, push, verdict, ..
+                context,
+                push,
+                verdict,
+                ..
             } => Some(format!(
                 "{} {} {}",
                 short_type(&context.type_url),
@@ -180,7 +183,9 @@ fn verdicts_since(events: &[Event], from: usize) -> Vec<String> {
             Event::StaleAnswer { context, .. } => {
                 Some(format!("{} stale-answer", short_type(&context.type_url)))
             }
-            Event::Resubscribe { context, version, .. } => Some(format!(
+            Event::Resubscribe {
+                context, version, ..
+            } => Some(format!(
                 "{} resubscribe {version}",
                 short_type(&context.type_url)
             )),
@@ -242,17 +247,16 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<Outcome> {
     .resolve()?;
     config.spans = Some(spans);
     let recorder = Recorder::new(10_000);
-    let rollouts = Rollouts::new(RolloutSettings::default());
     let listener = Listener::bind(&config.listen).await?;
     let running = Server::new(config)
-        // The recorder last: what it has seen, the rollout view has applied.
-        .with_sink(Box::new(rollouts.clone()))
+        // After the tap's own views: what the recorder has seen, the rollout view has applied.
         .with_sink(Box::new(recorder.clone()))
         .start(listener)
         .await?;
     let tap_addr = running.local_addr();
     let admin_addr = running.admin_addr().map(|a| a.to_string());
     let status = running.status();
+    let rollouts = running.rollouts();
     let span_stats = running.span_stats();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let tap = tokio::spawn(running.serve(async {
@@ -263,7 +267,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<Outcome> {
         printer: Printer {
             json: options.json,
             color: options.color,
-            start: crate::observer::now(),
+            start: xdstap::now(),
             seen: 0,
         },
         recorder,
@@ -279,12 +283,12 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<Outcome> {
 
     // The status and rollout views, as `xdstap status` and `xdstap rollout` would show them,
     // then the spans flushed.
-    let report = status.report(crate::observer::now(), None);
-    let ask = crate::api::v1::RolloutsRequest {
+    let report = status.report(xdstap::now(), None);
+    let ask = xdstap::api::v1::RolloutsRequest {
         types: vec!["CDS".into()],
         ..Default::default()
     };
-    let rollouts = rollouts.report(crate::observer::now(), &ask);
+    let rollouts = rollouts.report(xdstap::now(), &ask);
     if let Some(admin) = &admin_addr {
         println!(
             "\nThe page: http://{admin}/ (and /status, /rollouts, the API), until interrupted \

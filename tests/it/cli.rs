@@ -329,9 +329,9 @@ fn one_pinned_envoy() {
     ))
     .unwrap();
     assert!(
-        script.contains(xdstap::demo::envoy::PINNED),
+        script.contains(xdstap_cli::demo::envoy::PINNED),
         "scripts/install-envoy does not install {}",
-        xdstap::demo::envoy::PINNED
+        xdstap_cli::demo::envoy::PINNED
     );
 }
 

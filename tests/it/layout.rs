@@ -1,12 +1,13 @@
 //! The shape of the code, checked where Cargo cannot: the one-way rules between the tap's
-//! modules that `src/lib.rs` states (which module may use which; between crates Cargo holds
-//! them: the core, `crates/core`, depends on no runtime and cannot reach the tap), that the core
+//! modules that `crates/tap/src/lib.rs` states (which module may use which; between crates
+//! Cargo holds them: the core depends on no runtime and cannot reach the tap, and the command
+//! line sees only the tap's public API), that the core
 //! reads no clock and its correlator imports only from its decoder, no function longer than
 //! about a hundred lines, and the house rules (every file says what it is in a `//!`, the
 //! public modules are the public API's and no others, parse errors are types rather than
 //! strings, the integration tests are one binary, the reports are the proto's messages and no
-//! copy of them). Reads `src/` and `crates/core/src/` as text, with comments and string
-//! literals blanked out first.
+//! copy of them). Reads every crate's sources as text, with comments and string literals
+//! blanked out first.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -14,7 +15,7 @@ use std::path::{Path, PathBuf};
 /// Functions allowed past [`LONGEST`] lines, each with its reason.
 const LONG_FUNCTIONS: &[(&str, &str)] = &[];
 
-/// The modules `src/lib.rs` may make public; every other is `internal!` (public only with the
+/// The modules the tap's `lib.rs` may make public; every other is `internal!` (public only with the
 /// `internals` feature).
 const PUBLIC: &[&str] = &["api", "config", "proxy", "server"];
 
@@ -32,8 +33,11 @@ struct Source {
     code: String,
 }
 
-/// The source roots: the tap's, and the core crate's.
-const ROOTS: &[&str] = &["src", "crates/core/src"];
+/// The tap's sources, where the rooms' rules apply.
+const TAP: &str = "crates/tap/src";
+
+/// The source roots: the tap's, the core's and the command line's.
+const ROOTS: &[&str] = &[TAP, "crates/core/src", "src"];
 
 /// The files of every source root.
 fn sources() -> Vec<Source> {
@@ -184,16 +188,13 @@ fn async_or_clock(code: &str) -> Vec<&'static str> {
 /// Every breach of the one-way rules in `files`.
 fn breaches(files: &[Source]) -> Vec<String> {
     let mut out = Vec::new();
-    // The command line's rooms: the binary, the commands, and the demo (which prints what the
-    // commands print). Nothing else uses them.
-    let process = ["main", "cli", "demo"];
     for f in files {
         let m = module(&f.path);
         let used = uses(&f.code);
         let mut no =
             |what: &str, why: &str| out.push(format!("{}/{}: {what}: {why}", f.root, f.path));
         match m.as_str() {
-            "proxy" if f.root == "src" => {
+            "proxy" if f.root == TAP => {
                 for dep in [
                     "grpc",
                     "xds",
@@ -214,7 +215,7 @@ fn breaches(files: &[Source]) -> Vec<String> {
             // Downstream of the proxy, each room uses only those before it on the data flow:
             // observer -> queue (with the record it builds) -> views -> outputs (which may read
             // a view, as metrics the board), all served by admin.
-            "observer" | "record" | "queue" | "views" | "outputs" if f.root == "src" => {
+            "observer" | "record" | "queue" | "views" | "outputs" if f.root == TAP => {
                 let later: &[&str] = match m.as_str() {
                     "observer" => &["record", "queue", "views", "outputs", "admin"],
                     "record" => &["observer", "queue", "views", "outputs", "admin"],
@@ -228,7 +229,7 @@ fn breaches(files: &[Source]) -> Vec<String> {
                     }
                 }
             }
-            "grpc" | "xds" | "correlate" if f.root != "src" => {
+            "grpc" | "xds" | "correlate" if f.root == "crates/core/src" => {
                 for w in async_or_clock(&f.code) {
                     no(
                         &format!("uses {w}"),
@@ -249,14 +250,6 @@ fn breaches(files: &[Source]) -> Vec<String> {
             }
             _ => {}
         }
-        for dep in ["demo", "cli", "main"] {
-            if used.contains(dep) && m != dep && !process.contains(&m.as_str()) {
-                no(
-                    &format!("uses {dep}"),
-                    "only the command line (main, cli, demo) uses the command line",
-                );
-            }
-        }
     }
     out
 }
@@ -273,7 +266,7 @@ fn house_breaches(files: &[(String, String)]) -> Vec<String> {
         if code.contains("type Err = String") {
             out.push(format!("{path}: a FromStr whose error is a String"));
         }
-        if path == "src/lib.rs" {
+        if path == &format!("{TAP}/lib.rs") {
             for line in code.lines().map(str::trim) {
                 let Some(name) = line.strip_prefix("pub mod ") else {
                     continue;
@@ -281,9 +274,7 @@ fn house_breaches(files: &[(String, String)]) -> Vec<String> {
                 let name = name.trim_end_matches(';');
                 // The `internal!` macro's own `pub mod $name` (under the internals feature).
                 if !PUBLIC.contains(&name) && !name.starts_with('$') {
-                    out.push(format!(
-                        "src/lib.rs: pub mod {name} is not the public API's"
-                    ));
+                    out.push(format!("{path}: pub mod {name} is not the public API's"));
                 }
             }
         }
@@ -309,7 +300,7 @@ fn proto_types(proto: &str) -> BTreeSet<String> {
 fn schema_copies(files: &[Source], proto: &BTreeSet<String>) -> Vec<String> {
     let mut out = Vec::new();
     // The core cannot see the API: its types are what the API reports on, not copies.
-    for f in files.iter().filter(|f| f.root == "src") {
+    for f in files.iter().filter(|f| f.root != "crates/core/src") {
         for line in f.code.lines().map(str::trim) {
             let line = line.strip_prefix("pub ").unwrap_or(line);
             let line = line.strip_prefix("pub(crate) ").unwrap_or(line);
@@ -334,7 +325,7 @@ fn schema_copies(files: &[Source], proto: &BTreeSet<String>) -> Vec<String> {
 #[test]
 fn the_reports_have_one_schema() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let proto = std::fs::read_to_string(root.join("proto/xdstap/v1/tap.proto")).unwrap();
+    let proto = std::fs::read_to_string(root.join("crates/tap/proto/xdstap/v1/tap.proto")).unwrap();
     let types = proto_types(&proto);
     assert!(
         types.contains("StatusReport") && types.contains("ClientStatus"),
@@ -343,14 +334,16 @@ fn the_reports_have_one_schema() {
     let found = schema_copies(&sources(), &types);
     assert!(found.is_empty(), "{}", found.join("\n"));
     let planted = Source {
-        root: "src",
-        path: "sinks/board.rs".into(),
+        root: TAP,
+        path: "views/board.rs".into(),
         code: blank("#[derive(Serialize)]\npub struct TypeStatus {\n    state: u8,\n}\n"),
     };
     let found = schema_copies(&[planted], &types);
     assert_eq!(
         found,
-        ["src/sinks/board.rs: TypeStatus copies tap.proto's TypeStatus"]
+        [format!(
+            "{TAP}/views/board.rs: TypeStatus copies tap.proto's TypeStatus"
+        )]
     );
 }
 
@@ -471,7 +464,7 @@ fn the_house_rules_hold() {
             "//! B.\nimpl FromStr for X {\n    type Err = String;\n}\n".to_string(),
         ),
         (
-            "src/lib.rs".to_string(),
+            format!("{TAP}/lib.rs"),
             "//! L.\npub mod tap;\npub mod proxy;\n".to_string(),
         ),
     ];
@@ -489,7 +482,7 @@ fn planted_violations_are_found() {
             .iter()
             .any(|m| path.starts_with(m));
         Source {
-            root: if core { "crates/core/src" } else { "src" },
+            root: if core { "crates/core/src" } else { TAP },
             path: path.into(),
             code: blank(code),
         }
@@ -509,7 +502,7 @@ fn planted_violations_are_found() {
             "views/board.rs",
             "fn f() { crate::outputs::spans::start(); }\n",
         ),
-        file("outputs/metrics.rs", "use crate::demo::story;\n"),
+        file("outputs/metrics.rs", "use crate::admin::Admin;\n"),
         file("observer.rs", "use crate::views::board::StatusBoard;\n"),
     ];
     let found = breaches(&planted);
@@ -519,7 +512,7 @@ fn planted_violations_are_found() {
         "uses grpc",
         "uses tokio::",
         "uses outputs",
-        "uses demo",
+        "uses admin",
         "uses views",
     ]) {
         assert!(
@@ -537,7 +530,6 @@ fn planted_violations_are_found() {
             "// crate::xds is not used here\nlet s = \"crate::tap\";\n",
         ),
         file("server.rs", "use crate::observer::Observer;\n"),
-        file("main.rs", "fn main() { xdstap::demo::run(); }\n"),
     ];
     assert!(breaches(&fine).is_empty(), "{:?}", breaches(&fine));
     let long = file(

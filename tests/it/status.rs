@@ -66,7 +66,7 @@ async fn wait_report(admin: &str, what: &str, f: impl Fn(&StatusReport) -> bool)
         if std::time::Instant::now() > deadline {
             panic!(
                 "status never showed {what}:\n{}",
-                xdstap::cli::status::render(&r, true)
+                xdstap_cli::cli::status::render(&r, true)
             );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -6,8 +6,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use xdstap::demo::envoy::Bootstrap;
 use xdstap::proxy::Endpoint;
+use xdstap_cli::demo::envoy::Bootstrap;
 
 /// Where Envoy's xDS cluster points.
 pub enum Xds {
@@ -31,7 +31,7 @@ pub fn binary() -> PathBuf {
 }
 
 pub struct Envoy {
-    process: xdstap::demo::envoy::Envoy,
+    process: xdstap_cli::demo::envoy::Envoy,
     pub admin: String,
     pub node: String,
 }
@@ -92,7 +92,7 @@ impl Envoy {
     /// An Envoy run with `yaml` as its bootstrap (its node id `node`).
     pub async fn start_yaml(node: &str, yaml: &str) -> Envoy {
         let process =
-            xdstap::demo::envoy::Envoy::start(&binary(), yaml, "info").expect("start envoy");
+            xdstap_cli::demo::envoy::Envoy::start(&binary(), yaml, "info").expect("start envoy");
         let admin = super::eventually(30, "envoy admin address", || process.admin_address()).await;
         Envoy {
             process,

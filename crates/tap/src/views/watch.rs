@@ -131,12 +131,7 @@ fn from_record(r: &VerdictRecord, traces: Option<&TraceIds>) -> WatchEvent {
         "delta" => watch_event::Api::Delta,
         _ => watch_event::Api::Unspecified,
     };
-    let nack_scope = match r.nack_scope {
-        Some("whole") => NackScope::Whole,
-        Some("partial") => NackScope::Partial,
-        Some("unknown") => NackScope::Unknown,
-        _ => NackScope::Unspecified,
-    };
+    let nack_scope = r.nack_scope.map_or(NackScope::Unspecified, NackScope::from);
     let trace_id = traces.map(|t| t.of(&r.version, r.stream, &r.subject.type_url, &r.nonce).to_string());
     WatchEvent {
         time: r.time.clone(),

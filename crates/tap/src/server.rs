@@ -127,9 +127,9 @@ impl Server {
             .map(|a| a.rollouts.clone())
             .unwrap_or_default();
         let rollouts = Rollouts::new(rollout_settings);
+        sinks.push(Box::new(rollouts.clone()));
         let watchers = Watchers::new(traces.clone());
         if config.admin.is_some() {
-            sinks.push(Box::new(rollouts.clone()));
             sinks.push(Box::new(watchers.clone()));
         }
         let admin_listener = bind_admin(&config).await?;
@@ -180,7 +180,7 @@ impl Server {
                 trace_url: config.admin.as_ref().and_then(|a| a.trace_url.clone()),
                 seats: Default::default(),
             });
-            let most = config.admin.as_ref().map_or(crate::admin::MAX_CONNECTIONS, |a| a.max_connections);
+            let most = config.admin.as_ref().map_or(crate::config::MAX_CONNECTIONS, |a| a.max_connections);
             (address, tokio::spawn(crate::admin::serve(l, admin, most)))
         });
         tracing::info!(listen = %proxy.local_addr(), upstream = %config.upstream, "Listening");
@@ -255,7 +255,7 @@ impl Running {
         self.status.clone()
     }
 
-    /// The rollout view (empty without an admin server).
+    /// The rollout view.
     pub fn rollouts(&self) -> Rollouts {
         self.rollouts.clone()
     }

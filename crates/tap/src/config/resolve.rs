@@ -151,7 +151,7 @@ pub struct AdminSettings {
     pub trace_url: Option<String>,
     /// Admin connections open at once at most; past it clients wait in the kernel's backlog.
     /// Not an option: `xdstap run` sets it to a share of the open-files limit
-    /// (`admin::connections_for`), so slow admin clients cannot take the descriptors
+    /// ([`connections_for`](crate::config::connections_for)), so slow admin clients cannot take the descriptors
     /// the xDS side needs.
     pub max_connections: usize,
 }
@@ -377,7 +377,7 @@ impl AdminOptions {
             status,
             rollouts,
             trace_url,
-            max_connections: crate::admin::MAX_CONNECTIONS,
+            max_connections: crate::config::MAX_CONNECTIONS,
         }))
     }
 }

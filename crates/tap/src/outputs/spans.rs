@@ -31,7 +31,7 @@ pub use crate::views::traces::{Grouping, TraceIds};
 use crate::config::UnknownName;
 use crate::api::NAMES_CAP;
 use crate::queue::{Delivered, Sink};
-use crate::correlate::{Event, Timestamp, VerdictKind};
+use crate::correlate::{Event, Scope, Timestamp, VerdictKind};
 
 /// OTLP transport.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -471,9 +471,9 @@ impl SpanSink {
 
 /// What of a NACKed push was rejected and what landed all the same.
 fn scope(r: &VerdictRecord) -> [(&'static str, Option<Value>); 3] {
-    let partial = r.nack_scope == Some("partial");
+    let partial = r.nack_scope == Some(Scope::Partial);
     [
-        ("xds.nack_scope", r.nack_scope.map(Value::from)),
+        ("xds.nack_scope", r.nack_scope.map(|s| Value::from(s.as_str()))),
         ("xds.rejected", partial.then(|| strings(&r.rejected))),
         ("xds.applied", partial.then(|| strings(&r.applied))),
     ]

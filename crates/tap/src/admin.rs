@@ -30,17 +30,6 @@ use crate::views::rollout::Rollouts;
 use crate::views::watch::Watchers;
 use crate::proxy::{Endpoint, Listener};
 
-/// Admin connections open at once at most (watchers and CSDS streams hold one each), whatever
-/// the open-files limit.
-pub const MAX_CONNECTIONS: usize = 256;
-
-/// Admin connections allowed under a limit of `open_files` descriptors: an eighth of it (from 4
-/// to [`MAX_CONNECTIONS`]), so the rest stays for the xDS side, where each client holds two.
-pub fn connections_for(open_files: u64) -> usize {
-    let share = usize::try_from(open_files / 8).unwrap_or(usize::MAX);
-    share.clamp(4, MAX_CONNECTIONS)
-}
-
 /// HTTP/1.1: a request's headers must arrive within this, and an idle kept-alive connection
 /// closes after it.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);

@@ -9,7 +9,7 @@ pub mod spans;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use crate::correlate::{Event, Verdict, VerdictKind};
+use crate::correlate::{Event, Scope, Verdict, VerdictKind};
 use crate::queue::{Delivered, Sink};
 use crate::record::VerdictRecord;
 use crate::xds::short_type;
@@ -89,7 +89,7 @@ fn log_verdict(r: &VerdictRecord) {
             xds.error_message = %printable(r.error_message.as_deref().unwrap_or("")),
             xds.suspects = %names(&r.suspects),
             xds.changed = %names(&r.changed),
-            xds.nack_scope = r.nack_scope.unwrap_or(""),
+            xds.nack_scope = r.nack_scope.map_or("", Scope::as_str),
             xds.rejected = %names(&r.rejected),
             xds.applied = %names(&r.applied),
             xds.overtaken_by = r.overtaken_by.as_deref().unwrap_or(""),
@@ -120,11 +120,21 @@ fn log_verdict(r: &VerdictRecord) {
     }
 }
 
-/// Keeps the last `capacity` events in memory, for the status view, the demo and tests.
+/// Keeps the last `capacity` events in memory, each with its verdict's record (the demo's
+/// timeline and the tests read them).
 #[derive(Clone)]
 pub struct Recorder {
-    events: Arc<Mutex<VecDeque<Event>>>,
+    events: Arc<Mutex<VecDeque<Recorded>>>,
     capacity: usize,
+}
+
+/// An event the [`Recorder`] kept, and its record when it is a verdict.
+#[derive(Clone, Debug)]
+pub struct Recorded {
+    /// The event.
+    pub event: Event,
+    /// Its verdict's record (none for other events).
+    pub record: Option<VerdictRecord>,
 }
 
 impl Recorder {
@@ -138,21 +148,30 @@ impl Recorder {
 
     /// A copy of the events held.
     pub fn events(&self) -> Vec<Event> {
-        self.events
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .cloned()
-            .collect()
+        let held = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        held.iter().map(|r| r.event.clone()).collect()
+    }
+
+    /// A copy of the events held, with their records.
+    pub fn recorded(&self) -> Vec<Recorded> {
+        let held = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        held.iter().cloned().collect()
     }
 }
 
 impl Sink for Recorder {
     fn on_event(&mut self, event: &Event) {
+        self.deliver(&Delivered::new(event));
+    }
+
+    fn deliver(&mut self, delivered: &Delivered<'_>) {
         let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
         if events.len() == self.capacity {
             events.pop_front();
         }
-        events.push_back(event.clone());
+        events.push_back(Recorded {
+            event: delivered.event.clone(),
+            record: delivered.record().cloned(),
+        });
     }
 }

@@ -9,10 +9,21 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use crate::outputs::spans::SpanSettings;
+pub use crate::outputs::spans::{Grouping, Protocol, SpanSettings};
 use crate::proxy::Settings;
-use crate::views::board::StatusSettings;
-use crate::views::rollout::RolloutSettings;
+pub use crate::views::board::StatusSettings;
+pub use crate::views::rollout::RolloutSettings;
+
+/// Admin connections open at once at most (watchers and CSDS streams hold one each), whatever
+/// the open-files limit.
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// Admin connections allowed under a limit of `open_files` descriptors: an eighth of it (from 4
+/// to [`MAX_CONNECTIONS`]), so the rest stays for the xDS side, where each client holds two.
+pub fn connections_for(open_files: u64) -> usize {
+    let share = usize::try_from(open_files / 8).unwrap_or(usize::MAX);
+    share.clamp(4, MAX_CONNECTIONS)
+}
 
 mod options;
 mod resolve;
@@ -205,7 +216,7 @@ mod tests {
 
     #[test]
     fn the_documented_config_file_states_the_defaults() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/xdstap.yaml");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../config/xdstap.yaml");
         let documented = Options::from_file(&path).unwrap().resolve().unwrap();
         let bare = yaml("listen: 127.0.0.1:15010\nupstream: 127.0.0.1:18000\n")
             .resolve()

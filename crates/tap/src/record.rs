@@ -7,7 +7,7 @@
 use crate::api::{rfc3339, NAMES_CAP};
 use serde::Serialize;
 
-use crate::correlate::{Event, Verdict, VerdictKind};
+use crate::correlate::{Event, Scope, Verdict, VerdictKind};
 use crate::xds::short_type;
 
 
@@ -85,7 +85,7 @@ pub struct VerdictRecord {
     pub changed: Vec<String>,
     /// NACK: `whole`, `partial` (the rest of the push runs) or `unknown`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub nack_scope: Option<&'static str>,
+    pub nack_scope: Option<Scope>,
     /// Partial NACK: the resources rejected (capped).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub rejected: Vec<String>,
@@ -188,7 +188,7 @@ impl VerdictRecord {
                 r.error_message = Some(error.message.clone());
                 r.suspects = names(suspects);
                 r.changed = names(changed);
-                r.nack_scope = Some(scope.as_str());
+                r.nack_scope = Some(*scope);
                 r.rejected = (rejected.iter().take(NAMES_CAP))
                     .map(|x| x.name.clone())
                     .collect();

@@ -17,6 +17,10 @@
 //!    with Istio-like names (about 100 bytes a cluster), then a second version changing every
 //!    cluster, each answered: the proxy's RSS over idle per stream after each version.
 //!
+//! With `SIDEBYSIDE_METADATA=1` every cluster of the push workloads (1, 2 and 5) carries the
+//! metadata istiod writes (`istio.config` naming a DestinationRule, `istio.services`), in place
+//! of as many filler bytes: what reading it costs, side by side with a build that skips it.
+//!
 //! Columns on request (`SIDEBYSIDE_ONLY` names them): `xdstap-2t`, the tap with two worker
 //! threads; `xdstap-admin`, with its admin address on; `xdstap-pages`, that and its live page
 //! open in ten headless Chromiums (Debian's, `scripts/install-chromium`).
@@ -48,16 +52,78 @@ const CDS: &[u8] = b"type.googleapis.com/envoy.config.cluster.v3.Cluster";
 const WINDOW: u32 = 16 << 20;
 const CONN_WINDOW: u32 = 24 << 20;
 
+/// Whether pushes carry istiod's metadata (`SIDEBYSIDE_METADATA=1`).
+fn with_metadata() -> bool {
+    std::env::var("SIDEBYSIDE_METADATA").as_deref() == Ok("1")
+}
+
+/// Cluster field 25 as istiod writes it for cluster `i`: filter metadata `istio` with `config`
+/// (the DestinationRule) and `services` (host, name, namespace), encoded.
+fn istio_metadata(i: usize) -> Vec<u8> {
+    let string = |s: &str| {
+        let mut v = Vec::new();
+        field(&mut v, 3, s.as_bytes());
+        v
+    };
+    let entry = |key: &str, value: &[u8]| {
+        let mut e = Vec::new();
+        field(&mut e, 1, key.as_bytes());
+        field(&mut e, 2, value);
+        let mut f = Vec::new();
+        field(&mut f, 1, &e);
+        f
+    };
+    let ns = format!("ns-{}", i % 50);
+    let mut service = Vec::new();
+    service.extend(entry(
+        "host",
+        &string(&format!("svc-{i}.{ns}.svc.cluster.local")),
+    ));
+    service.extend(entry("name", &string(&format!("svc-{i}"))));
+    service.extend(entry("namespace", &string(&ns)));
+    let mut service_value = Vec::new();
+    field(&mut service_value, 5, &service);
+    let mut list = Vec::new();
+    field(&mut list, 1, &service_value);
+    let mut list_value = Vec::new();
+    field(&mut list_value, 6, &list);
+    let config = format!("/apis/networking.istio.io/v1/namespaces/{ns}/destination-rule/svc-{i}");
+    let mut istio = Vec::new();
+    istio.extend(entry("config", &string(&config)));
+    istio.extend(entry("services", &list_value));
+    let mut filter = Vec::new();
+    field(&mut filter, 1, b"istio");
+    field(&mut filter, 2, &istio);
+    let mut metadata = Vec::new();
+    field(&mut metadata, 1, &filter);
+    let mut out = Vec::new();
+    field(&mut out, 25, &metadata);
+    out
+}
+
+/// A cluster's body: `name`, its metadata when pushes carry it, and filler up to `filler`
+/// bytes in all (of `fill`).
+fn cluster_body(name: &str, i: usize, filler: usize, fill: u8) -> Vec<u8> {
+    let mut c = Vec::new();
+    field(&mut c, 1, name.as_bytes());
+    let mut left = filler;
+    if with_metadata() {
+        let m = istio_metadata(i);
+        left = left.saturating_sub(m.len());
+        c.extend(m);
+    }
+    field(&mut c, 33, &vec![fill; left]);
+    c
+}
+
 /// A fleet push: `clusters` clusters with Istio-like names and 100-byte bodies that differ by
 /// `version`, without its tail; the same for every stream.
 fn fleet_head(clusters: usize, version: u64) -> Bytes {
     let mut body = Vec::with_capacity(clusters * 200);
     field(&mut body, 1, format!("bench-v{version}").as_bytes());
     for i in 0..clusters {
-        let mut c = Vec::new();
         let name = format!("outbound|8080||svc-{i}.ns-{}.svc.cluster.local", i % 50);
-        field(&mut c, 1, name.as_bytes());
-        field(&mut c, 33, &[version as u8; 100]);
+        let c = cluster_body(&name, i, 100, version as u8);
         let mut any = Vec::new();
         field(&mut any, 1, CDS);
         field(&mut any, 2, &c);
@@ -73,13 +139,8 @@ fn push_head(size: usize) -> Bytes {
     field(&mut body, 1, b"bench-v1");
     let mut i = 0;
     while body.len() < size {
-        let mut c = Vec::new();
-        field(
-            &mut c,
-            1,
-            format!("outbound|8080||svc-{i}.bench.svc.cluster.local").as_bytes(),
-        );
-        field(&mut c, 33, &[0x5a; 1900]);
+        let name = format!("outbound|8080||svc-{i}.bench.svc.cluster.local");
+        let c = cluster_body(&name, i, 1900, 0x5a);
         let mut any = Vec::new();
         field(&mut any, 1, CDS);
         field(&mut any, 2, &c);

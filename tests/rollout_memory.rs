@@ -109,6 +109,7 @@ fn fleet(kept: usize) -> (usize, usize, usize) {
                     scope: xdstap::correlate::Scope::Unknown,
                     rejected: vec![],
                     applied: vec![],
+                    objects: vec![],
                 },
                 _ => Verdict::Ack,
             };

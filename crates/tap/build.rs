@@ -6,7 +6,7 @@
 //! value names.
 
 /// The tap's enum fields, and the serde module (in `src/api.rs`) that names their values.
-const ENUM_FIELDS: [(&str, &str); 11] = [
+const ENUM_FIELDS: [(&str, &str); 12] = [
     (
         ".xdstap.v1.NodeStatus.state",
         "crate::api::names::sync_state",
@@ -33,6 +33,7 @@ const ENUM_FIELDS: [(&str, &str); 11] = [
         "crate::api::names::standing",
     ),
     (".xdstap.v1.WatchEvent.kind", "crate::api::names::kind"),
+    (".xdstap.v1.Origin.format", "crate::api::names::format"),
     (".xdstap.v1.WatchEvent.api", "crate::api::names::api"),
     (
         ".xdstap.v1.WatchEvent.nack_scope",

@@ -278,6 +278,7 @@ pub fn status(answers: Vec<(String, StatusReport)>, taps: Vec<TapAnswer>) -> Sta
         node.taps.extend(others.collect::<Vec<_>>());
         merged.nodes.push(node);
     }
+    merged.rejected_objects = xdstap::api::rejected_objects(&merged.nodes);
     merged
 }
 

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use super::client::{block_on, AskError};
 use super::fleet::{self, Fleet};
-use super::status::{age, client_name, dash, landed, one_line, ResourceRow};
+use super::status::{age, client_name, dash, landed, made_from, one_line, ResourceRow};
 use super::{table, RolloutArgs};
 use xdstap::api::csds::ClientResourceStatus;
 use xdstap::api::type_wanted;
@@ -224,6 +224,36 @@ pub fn render(report: &RolloutReport, wide: bool) -> String {
     out
 }
 
+/// Per object behind the NACKs of a version: `DestinationRule default/r: rejected by 37
+/// nodes`, and the command that shows it; the object that generated the resource, not
+/// necessarily the one at fault.
+fn by_object(r: &Rollout) -> String {
+    let mut objects: Vec<(String, String, u64)> = Vec::new();
+    for g in &r.nacks {
+        let mut seen: Vec<String> = Vec::new();
+        for o in &g.objects {
+            let label = o.label();
+            if seen.contains(&label) {
+                continue;
+            }
+            seen.push(label.clone());
+            match objects.iter_mut().find(|(l, ..)| *l == label) {
+                Some(e) => e.2 += g.nodes,
+                None => objects.push((label, o.kubectl.clone(), g.nodes)),
+            }
+        }
+    }
+    objects.sort_by_key(|o| std::cmp::Reverse(o.2));
+    let mut out = String::new();
+    for (label, kubectl, nodes) in objects {
+        let s = if nodes == 1 { "" } else { "s" };
+        out.push_str(&format!(
+            "  {label}: rejected by {nodes} node{s} ({kubectl})\n"
+        ));
+    }
+    out
+}
+
 /// Who rejected a version and why, and who does not run it.
 pub fn details(r: &Rollout, wide: bool) -> String {
     let mut out = String::new();
@@ -246,13 +276,15 @@ pub fn details(r: &Rollout, wide: bool) -> String {
             None => ("rejected", String::new()),
         };
         out.push_str(&format!(
-            "\n{name} {how} by {} node{}{landed} ({}{more}): {}{suspects}\n",
+            "\n{name} {how} by {} node{}{landed} ({}{more}): {}{suspects}{}\n",
             g.nodes,
             if g.nodes == 1 { "" } else { "s" },
             g.examples.join(", "),
             one_line(&g.message, wide),
+            made_from(&g.objects),
         ));
     }
+    out.push_str(&by_object(r));
     let behind: Vec<_> = (r.behind.iter())
         .filter(|n| wide || n.state() != Standing::Superseded)
         .collect();

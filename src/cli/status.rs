@@ -428,10 +428,54 @@ pub fn render(report: &StatusReport, wide: bool) -> String {
             out.push('\n');
         }
     }
+    out.push_str(&rejected_objects(&report.rejected_objects, wide));
     if wide {
         out.push_str(&elsewhere(report));
     }
     out.push_str(&super::fleet::missing_lines(&report.taps));
+    out
+}
+
+/// ` [made from DestinationRule default/r, Service default/r]`: the objects behind a NACK, or
+/// ` [no object named in the metadata]`.
+pub fn made_from(objects: &[xdstap::api::v1::Origin]) -> String {
+    let mut labels: Vec<String> = Vec::new();
+    for o in objects {
+        let label = o.label();
+        if !labels.contains(&label) {
+            labels.push(label);
+        }
+    }
+    match labels.is_empty() {
+        true => " [no object named in the metadata]".into(),
+        false => format!(" [made from {}]", labels.join(", ")),
+    }
+}
+
+/// The objects behind a NACK on some node now: one line each, with the command that shows it.
+pub fn rejected_objects(objects: &[xdstap::api::v1::RejectedObject], wide: bool) -> String {
+    if objects.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from(
+        "\nRejected now (the objects the rejected resources were made from; a patch such as an \
+         EnvoyFilter may have changed them since):\n",
+    );
+    for r in objects {
+        let Some(o) = &r.object else { continue };
+        out.push_str(&format!(
+            "{}: rejected by {} node(s) since {} ({} {}): {}\n",
+            o.label(),
+            r.nodes,
+            r.since,
+            r.types.join(","),
+            r.resources.join(", "),
+            o.kubectl,
+        ));
+        if wide {
+            out.push_str(&format!("    e.g. {}\n", r.examples.join(", ")));
+        }
+    }
     out
 }
 
@@ -491,12 +535,13 @@ fn reasons(report: &StatusReport, wide: bool) -> Vec<String> {
                         None => format!("rejected {}, running {running}", nack.version),
                     };
                     reasons.push(format!(
-                        "{} {} NACKED since {}: {what}: {}{}",
+                        "{} {} NACKED since {}: {what}: {}{}{}",
                         n.id,
                         t.r#type,
                         nack.since,
                         one_line(&nack.message, wide),
-                        suspects
+                        suspects,
+                        made_from(&nack.objects),
                     ));
                 }
                 SyncState::Stale if t.pushes == 0 => reasons.push(format!(

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use super::client::{block_on, AdminClient};
 use super::fleet::{self, Fleet};
-use super::status::{landed, one_line};
+use super::status::{landed, made_from, one_line};
 use super::{Output, WatchArgs, EX_PARTIAL, EX_UNAVAILABLE};
 use xdstap::api::v1::watch_event::Kind;
 use xdstap::api::v1::{NackScope, WatchEvent, WatchRequest};
@@ -164,6 +164,9 @@ pub fn line(e: &WatchEvent, wide: bool) -> String {
         add(&mut s, one_line(&e.error_message, wide));
         if !e.suspects.is_empty() && !partial {
             add(&mut s, format!("[suspects: {}]", e.suspects.join(", ")));
+        }
+        if !e.objects.is_empty() {
+            add(&mut s, made_from(&e.objects).trim_start().to_string());
         }
     }
     if !e.overtaken_by.is_empty() {

@@ -18,6 +18,7 @@ mod fleet;
 mod late_answers;
 mod layout;
 mod load;
+mod objects;
 mod outage;
 mod page;
 mod partial;

@@ -3,7 +3,10 @@
 //! answer, with no reload; the rollout bar's counts equal `/rollouts`; a version links to its
 //! trace, the one the exported spans carry; a node id carrying markup shows as text and makes
 //! no element; a node opens to its NACK and its resources; the page asks nothing of any address
-//! but the tap's. Then the demo's story with `--admin`, and a screenshot of the page after it
+//! but the tap's. A NACK of a DestinationRule's cluster names the object in its row, in the
+//! verdict feed, in the node's detail (with its `kubectl get`) and in the list of rejected
+//! objects, which the object filter narrows to and which empties once the cluster is fixed.
+//! Then the demo's story with `--admin`, and a screenshot of the page after it
 //! (written to `XDSTAP_PAGE_SHOT`, e.g. docs/page.png, when set).
 
 use crate::support;
@@ -188,6 +191,90 @@ async fn the_page_shows_the_fleet_live_and_safely() {
             "{path}: {policy}"
         );
     }
+    drop(browser);
+    tap.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_names_the_object_behind_a_nack() {
+    use support::metadata::istio_cluster;
+    let dr = ("reviews", "default", "reviews", "v2");
+    let name = "outbound|9080|v2|reviews.default.svc.cluster.local";
+    let snap = |v: &str, bad: bool| Snapshot::new(v).with(CDS, istio_cluster(name, dr, 9, bad));
+    let (cp, cp_addr, _server) = ControlPlane::listening(snap("v1", false)).await;
+    let tap = XdsTap::with_flags(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        &cp_addr,
+        "--admin",
+        "127.0.0.1:0",
+    ])
+    .await;
+    let _envoy = Envoy::start("envoy-1", Xds::Tcp(tap.tap.addr.clone()), false).await;
+    let page = format!("http://{}/", tap.admin);
+    let (mut browser, session) = tokio::task::spawn_blocking(move || {
+        let mut b = Browser::start(1400, 1000);
+        let s = b.open(&page);
+        (b, s)
+    })
+    .await
+    .unwrap();
+    let row = "[...document.querySelectorAll('tr.node')].find(r => r.dataset.node === 'envoy-1')";
+    browser.until(
+        &session,
+        30,
+        &format!("(r => !!r && r.querySelector('td.objects').textContent === '-')({row})"),
+    );
+
+    cp.set(snap("v2", true));
+    let dr = "DestinationRule default/reviews";
+    let in_row = format!(
+        "(r => !!r && r.querySelector('td.objects').textContent.includes({}))({row})",
+        js(dr)
+    );
+    browser.until(&session, 10, &in_row);
+    let listed = format!(
+        "[...document.querySelectorAll('#objects li')].some(l => l.textContent.startsWith({}) && \
+         l.textContent.includes('rejected by 1 node since') && \
+         l.textContent.includes('kubectl get destinationrule.networking.istio.io reviews -n default -o yaml'))",
+        js(dr)
+    );
+    browser.until(&session, 10, &listed);
+    let fed = format!(
+        "[...document.querySelectorAll('#feed li.nack .made-from')].some(e => e.textContent.includes({}))",
+        js(dr)
+    );
+    browser.until(&session, 10, &fed);
+    // The object filter narrows the fleet to the nodes rejecting it.
+    let count = "document.getElementById('fleet-count').textContent";
+    let filter = |text: &str| {
+        format!(
+            "(f => {{ f.value = {}; f.dispatchEvent(new Event('input')); return true; }})(document.getElementById('object-filter'))",
+            js(text)
+        )
+    };
+    browser.eval(&session, &filter("reviews"));
+    browser.until(&session, 5, &format!("{count}.startsWith('1 of 1 nodes')"));
+    browser.eval(&session, &filter("no-such-object"));
+    browser.until(&session, 5, &format!("{count}.startsWith('0 of 1 nodes')"));
+    browser.eval(&session, &filter(""));
+    // The node's detail names it with the command that shows it.
+    browser.eval(&session, &format!("{row}.click(); true"));
+    let detail = format!(
+        "(d => !!d && d.querySelector('.made-from').textContent.includes({}))(document.querySelector('td.detail'))",
+        js("made from: DestinationRule default/reviews (kubectl get destinationrule.networking.istio.io reviews -n default -o yaml)")
+    );
+    browser.until(&session, 10, &detail);
+
+    // Fixed: nothing is rejected any more.
+    cp.set(snap("v3", false));
+    browser.until(&session, 10, "document.querySelectorAll('#objects li').length === 0 && document.getElementById('objects-count').textContent === 'none now'");
+    browser.until(
+        &session,
+        10,
+        &format!("(r => !!r && r.querySelector('td.objects').textContent === '-')({row})"),
+    );
     drop(browser);
     tap.close().await;
 }

@@ -39,6 +39,7 @@ use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
+use crate::xds::origin::{self, Origin};
 use crate::xds::{
     Api, ErrorDetail, Interner, Node, Request, Resources, Response, CLUSTER, ENDPOINTS,
 };
@@ -144,6 +145,10 @@ pub enum Verdict {
         /// changed or removed).
         #[serde(skip_serializing_if = "Vec::is_empty")]
         applied: Vec<String>,
+        /// The Kubernetes objects the rejected resources (the suspects) were made from, as
+        /// their metadata names them; empty when it names none.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        objects: Vec<Origin>,
     },
     /// No answer came for this push, and a newer push of its type went out before (SotW):
     /// the client answered a later push, or the stream ended, first.
@@ -1051,6 +1056,7 @@ fn answer(
                 suspects = rejected.iter().map(|r| r.name.clone()).collect();
                 sub.accept_part(api, &push, &rejected);
             }
+            let objects = objects_behind(&push.resources, &suspects, &rejected, &error.message);
             Verdict::Nack {
                 error: error.clone(),
                 suspects,
@@ -1058,6 +1064,7 @@ fn answer(
                 scope,
                 rejected,
                 applied,
+                objects,
             }
         }
     };
@@ -1230,3 +1237,37 @@ pub fn mentions(message: &str, name: &str) -> bool {
 
 #[cfg(test)]
 mod tests;
+
+/// The objects behind a NACK: those each suspect was made from, read against its own part of
+/// the message when the client gave one (a partial NACK), else against the whole message.
+/// Linear in the push, and only for a push whose metadata names any object.
+fn objects_behind(
+    resources: &Resources,
+    suspects: &[String],
+    rejected: &[scope::Rejected],
+    message: &str,
+) -> Vec<Origin> {
+    let mut out = Vec::new();
+    if !resources.has_origins() || suspects.is_empty() {
+        return out;
+    }
+    let wanted: std::collections::HashSet<&str> = suspects.iter().map(String::as_str).collect();
+    for (i, r) in resources.iter().enumerate() {
+        if !wanted.contains(&*r.name) {
+            continue;
+        }
+        let own =
+            (rejected.iter().find(|x| x.name == r.name)).map_or(message, |x| x.reason.as_str());
+        origin::behind(
+            &r.name,
+            resources.origins_of(i).map(|o| &**o),
+            own,
+            &mut out,
+        );
+    }
+    // A part the message names in one resource outweighs every object of the others.
+    if out.iter().any(|o| o.named) {
+        out.retain(|o| o.named);
+    }
+    out
+}

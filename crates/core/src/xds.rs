@@ -2,6 +2,7 @@
 //! (by the streaming [`scan`]ner, never materialising resources).
 
 pub mod decode;
+pub mod origin;
 pub mod scan;
 pub mod wire;
 
@@ -164,6 +165,9 @@ pub struct Resources {
     timed: Vec<Timed>,
     /// Listeners' needs: (index, kind, name), in order.
     needs: Vec<(u32, Needs, Box<str>)>,
+    /// The objects resources were made from, for those whose metadata names any: (index,
+    /// origins), in order; shared with every set holding the same resource.
+    origins: Vec<(u32, Arc<origin::Origins>)>,
 }
 
 /// Resources per chunk: what a stream decoding a push holds of its own at most (about 2 KiB of
@@ -258,6 +262,25 @@ impl Resources {
             let index = (self.len - 1) as u32;
             (self.needs).extend(needs.into_iter().map(|(k, n)| (index, k, n.into())));
         }
+    }
+
+    /// Gives the last resource pushed the objects it was made from.
+    pub fn mark_origins(&mut self, origins: Arc<origin::Origins>) {
+        if self.len > 0 {
+            self.origins.push(((self.len - 1) as u32, origins));
+        }
+    }
+
+    /// The objects resource `i` was made from, when its metadata names any.
+    pub fn origins_of(&self, i: usize) -> Option<&Arc<origin::Origins>> {
+        (self.origins.binary_search_by_key(&(i as u32), |(j, _)| *j))
+            .ok()
+            .map(|k| &self.origins[k].1)
+    }
+
+    /// Whether any resource's metadata names an object.
+    pub fn has_origins(&self) -> bool {
+        !self.origins.is_empty()
     }
 
     /// What resource `i`, a listener, needs: RDS and SDS names.
@@ -376,6 +399,10 @@ impl Resources {
                 .filter(|(i, ..)| before(*i))
                 .cloned()
                 .collect(),
+            origins: (self.origins.iter())
+                .filter(|(i, _)| before(*i))
+                .cloned()
+                .collect(),
         };
         for i in whole..k {
             let Some(x) = self.get(i) else { break };
@@ -385,6 +412,9 @@ impl Resources {
             }
             r.mark_timed(x.ttl_ms, x.bare);
             r.mark_needs(self.needs_of(i));
+            if let Some(o) = self.origins_of(i) {
+                r.mark_origins(o.clone());
+            }
         }
         r
     }
@@ -462,6 +492,9 @@ impl Resources {
             && self.services == other.services
             && self.timed == other.timed
             && self.needs == other.needs
+            && self.origins.len() == other.origins.len()
+            && (self.origins.iter().zip(&other.origins))
+                .all(|((i, a), (j, b))| i == j && (Arc::ptr_eq(a, b) || a == b))
     }
 
     /// A digest of what [`Resources::same_as`] compares, to find equal sets fast.
@@ -480,6 +513,9 @@ impl Resources {
             h.update(&[*k as u8]);
             h.update(n.as_bytes());
         }
+        for (i, _) in &self.origins {
+            h.update(&i.to_le_bytes());
+        }
         for t in &self.timed {
             h.update(&t.index.to_le_bytes());
             h.update(&t.ttl_ms.map_or(u64::MAX, u64::from).to_le_bytes());
@@ -497,6 +533,7 @@ impl Resources {
         self.chunks.shrink_to_fit();
         self.timed.shrink_to_fit();
         self.needs.shrink_to_fit();
+        self.origins.shrink_to_fit();
         self.last = String::new();
     }
 }
@@ -658,6 +695,8 @@ pub struct Decoded {
     pub bare: bool,
     /// A listener's needs: RDS and SDS names.
     pub needs: Box<[(Needs, Box<str>)]>,
+    /// The objects its metadata names.
+    pub origins: Option<Arc<origin::Origins>>,
 }
 
 impl Decoded {
@@ -669,6 +708,9 @@ impl Decoded {
         }
         r.mark_timed(self.ttl_ms, self.bare);
         r.mark_needs(self.needs.iter().map(|(k, n)| (*k, &**n)));
+        if let Some(o) = &self.origins {
+            r.mark_origins(o.clone());
+        }
     }
 }
 

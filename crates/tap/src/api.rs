@@ -139,6 +139,104 @@ impl From<crate::correlate::Scope> for v1::NackScope {
     }
 }
 
+impl From<&crate::xds::origin::Origin> for v1::Origin {
+    fn from(o: &crate::xds::origin::Origin) -> Self {
+        use crate::xds::origin::Format;
+        v1::Origin {
+            kind: o.object.kind.to_string(),
+            group: o.object.group.to_string(),
+            namespace: o.object.namespace.to_string(),
+            name: o.object.name.to_string(),
+            section: o.object.section.to_string(),
+            format: match o.object.format {
+                Format::Istio => v1::origin::Format::Istio,
+                Format::EnvoyGateway => v1::origin::Format::EnvoyGateway,
+                Format::Contour => v1::origin::Format::Contour,
+            } as i32,
+            resource: o.resource.clone(),
+            part: o.part.clone(),
+            named: o.named,
+            kubectl: o.object.kubectl(),
+        }
+    }
+}
+
+impl v1::Origin {
+    /// `DestinationRule default/reviews`, with ` section S` when it has one.
+    pub fn label(&self) -> String {
+        let mut s = format!("{} ", self.kind);
+        if !self.namespace.is_empty() {
+            s.push_str(&self.namespace);
+            s.push('/');
+        }
+        s.push_str(&self.name);
+        if !self.section.is_empty() {
+            s.push_str(" section ");
+            s.push_str(&self.section);
+        }
+        s
+    }
+
+    /// The object alone, without where it was found: what objects are grouped by.
+    pub fn object_key(&self) -> (String, String, String, String, String) {
+        (
+            self.kind.clone(),
+            self.group.clone(),
+            self.namespace.clone(),
+            self.name.clone(),
+            self.section.clone(),
+        )
+    }
+}
+
+/// The objects behind a NACK on some node now, from the nodes' reports: each object once,
+/// with how many nodes reject a resource made from it and since when, most nodes first. The
+/// board's report and the CLI's fan-in over several taps compute it alike.
+pub fn rejected_objects(nodes: &[v1::NodeStatus]) -> Vec<v1::RejectedObject> {
+    let mut by: std::collections::BTreeMap<
+        (String, String, String, String, String),
+        v1::RejectedObject,
+    > = std::collections::BTreeMap::new();
+    for n in nodes {
+        let mut counted: Vec<(String, String, String, String, String)> = Vec::new();
+        let nacked = (n.types.iter()).filter(|t| t.state() == v1::SyncState::Nacked);
+        for (t, nack) in nacked.filter_map(|t| t.nack.as_ref().map(|k| (t, k))) {
+            for o in &nack.objects {
+                let key = o.object_key();
+                let e = by.entry(key.clone()).or_insert_with(|| v1::RejectedObject {
+                    object: Some(v1::Origin {
+                        resource: String::new(),
+                        part: String::new(),
+                        named: false,
+                        ..o.clone()
+                    }),
+                    since: nack.since.clone(),
+                    ..Default::default()
+                });
+                if !counted.contains(&key) {
+                    counted.push(key);
+                    e.nodes += 1;
+                    if e.examples.len() < 5 {
+                        e.examples.push(n.id.clone());
+                    }
+                }
+                if nack.since < e.since {
+                    e.since = nack.since.clone();
+                }
+                if !e.types.contains(&t.r#type) {
+                    e.types.push(t.r#type.clone());
+                }
+                if !e.resources.contains(&o.resource) && e.resources.len() < NAMES_CAP {
+                    e.resources.push(o.resource.clone());
+                }
+            }
+        }
+    }
+    let mut out: Vec<v1::RejectedObject> = by.into_values().collect();
+    out.sort_by_key(|r| std::cmp::Reverse(r.nodes));
+    out
+}
+
 impl v1::watch_event::Kind {
     /// As lines and flags name it: `ack`, `stale-answer`.
     pub fn label(self) -> &'static str {
@@ -262,6 +360,8 @@ pub mod names {
         kind: crate::api::v1::watch_event::Kind;
         /// [`Api`](super::tap::watch_event::Api).
         api: crate::api::v1::watch_event::Api;
+        /// [`Format`](super::v1::origin::Format).
+        format: crate::api::v1::origin::Format;
     }
 }
 
@@ -293,6 +393,7 @@ mod tests {
                 ..Default::default()
             }],
             taps: vec![],
+            rejected_objects: vec![],
         };
         let json = serde_json::to_value(&report).unwrap();
         assert_eq!(json["nodes"][0]["state"], "NACKED");

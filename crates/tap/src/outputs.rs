@@ -92,6 +92,7 @@ fn log_verdict(r: &VerdictRecord) {
             xds.nack_scope = r.nack_scope.map_or("", Scope::as_str),
             xds.rejected = %names(&r.rejected),
             xds.applied = %names(&r.applied),
+            xds.objects = %printable(&objects(r)),
             xds.overtaken_by = r.overtaken_by.as_deref().unwrap_or(""),
             stream = r.stream,
             "{short} push NACKed",
@@ -174,4 +175,10 @@ impl Sink for Recorder {
             record: delivered.record().cloned(),
         });
     }
+}
+
+/// The objects behind a NACK for a log line: `DestinationRule default/r; Service default/r`.
+fn objects(r: &VerdictRecord) -> String {
+    let labels: Vec<String> = r.objects.iter().map(|o| o.object.label()).collect();
+    labels.join("; ")
 }

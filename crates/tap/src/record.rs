@@ -8,6 +8,7 @@ use crate::api::{rfc3339, NAMES_CAP};
 use serde::Serialize;
 
 use crate::correlate::{Event, Scope, Verdict, VerdictKind};
+use crate::xds::origin::Origin;
 use crate::xds::short_type;
 
 
@@ -92,6 +93,10 @@ pub struct VerdictRecord {
     /// Partial NACK: the changed resources that landed all the same (capped).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub applied: Vec<String>,
+    /// NACK: the Kubernetes objects the rejected resources were made from, as their metadata
+    /// names them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub objects: Vec<Origin>,
     /// Superseded: the nonce of the push that overtook it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub superseded_by: Option<String>,
@@ -161,6 +166,7 @@ impl VerdictRecord {
             nack_scope: None,
             rejected: Vec::new(),
             applied: Vec::new(),
+            objects: Vec::new(),
             superseded_by: None,
             overtaken_by: overtaken_by.clone(),
             waiting_for: waiting_for.iter().take(NAMES_CAP).cloned().collect(),
@@ -182,7 +188,9 @@ impl VerdictRecord {
                 scope,
                 rejected,
                 applied,
+                objects,
             } => {
+                r.objects = objects.clone();
                 let names = |v: &[String]| v.iter().take(NAMES_CAP).cloned().collect();
                 r.error_code = Some(error.code);
                 r.error_message = Some(error.message.clone());

@@ -7,6 +7,7 @@ pub mod csds;
 pub mod echo;
 pub mod envoy;
 pub mod grpc;
+pub mod metadata;
 pub mod otlp;
 pub mod prom;
 pub mod raw;

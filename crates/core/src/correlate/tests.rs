@@ -236,6 +236,7 @@ fn sotw_nack_keeps_the_old_version_and_blames_the_named_resource() {
                     scope,
                     rejected,
                     applied,
+                    ..
                 },
             client_version,
             push,

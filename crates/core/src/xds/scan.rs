@@ -20,6 +20,7 @@ use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 use std::sync::Arc;
 
+use super::origin::{self, PartKind};
 use super::{Api, ErrorDetail, Interner, Message, Needs, Node, Request, ResourceRef, Response};
 
 /// The `type_url` of the `Resource` wrapper, which SotW responses may carry too.
@@ -30,7 +31,7 @@ const DISCOVERY_TYPE_EDS: u64 = 3;
 
 const MAX_STRING: usize = 4096;
 const MAX_ERROR_MESSAGE: usize = 64 * 1024;
-const MAX_DEPTH: usize = 16;
+const MAX_DEPTH: usize = 24;
 /// What one listener needs (RDS and SDS names), kept at most.
 const MAX_NEEDS: usize = 64;
 /// `resource_errors` kept per response at most.
@@ -143,6 +144,31 @@ enum Msg {
     SdsConfig,
     /// A wrapper's `ttl` (`google.protobuf.Duration`: seconds 1, nanos 2).
     Ttl,
+    /// A route configuration's virtual host (2): `name` 1, `domains` 2, `routes` 3,
+    /// `metadata` 24.
+    VirtualHost,
+    /// Its route: `route` 2, `metadata` 4, `name` 14.
+    Route,
+    /// A route's `RouteAction`: `cluster` 1, `weighted_clusters` 3.
+    RouteAction,
+    /// `WeightedCluster`: `clusters` 1.
+    Weighted,
+    /// `ClusterWeight`: `name` 1.
+    ClusterWeight,
+    /// A load assignment's `LocalityLbEndpoints` (2): `metadata` 9.
+    Locality,
+    /// `Metadata`: `filter_metadata` 1, a map of filter name to `Struct`.
+    Metadata,
+    /// One entry of it: key 1, value 2.
+    FilterEntry,
+    /// `google.protobuf.Struct`: `fields` 1, a map of key to `Value`.
+    Struct,
+    /// One entry of it: key 1, value 2.
+    StructEntry,
+    /// `google.protobuf.Value`: `string_value` 3, `struct_value` 5, `list_value` 6.
+    Value,
+    /// `ListValue`: `values` 1.
+    List,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -172,6 +198,16 @@ enum Slot {
     DepAnyType,
     RdsName,
     SdsName,
+    /// A part's name: a virtual host's, a route's, a filter chain's.
+    PartName,
+    /// What else a part is known by: a route's cluster, a virtual host's domain.
+    PartRef,
+    /// A `filter_metadata` key.
+    FilterKey,
+    /// A `Struct` key.
+    StructKey,
+    /// A `Value`'s `string_value`.
+    StringValue,
 }
 
 enum Action {
@@ -243,6 +279,11 @@ pub struct Scanner {
     /// the `Any` being read inside it.
     listener: bool,
     needs: Vec<(Needs, String)>,
+    /// The current resource is a RouteConfiguration, a ClusterLoadAssignment.
+    routes: bool,
+    endpoints: bool,
+    /// The objects the current resource's metadata names.
+    origins: origin::Reader,
     dep_any: String,
     /// The end of the resource body being read, while inside one: its bytes are digested.
     body_end: Option<u64>,
@@ -335,6 +376,9 @@ impl Scanner {
             eds_service: String::new(),
             listener: false,
             needs: Vec::new(),
+            routes: false,
+            endpoints: false,
+            origins: origin::Reader::default(),
             dep_any: String::new(),
             body_end: None,
             interner: None,
@@ -771,6 +815,26 @@ impl Scanner {
             (Msg::Body, 1) => C(Slot::BodyName),
             (Msg::Body, 3) if self.cluster => D(Msg::EdsConfig),
             (Msg::Body, 3 | 25) if self.listener => D(Msg::FilterChain),
+            (Msg::Body, 25) if self.cluster => D(Msg::Metadata),
+            (Msg::Body, 2) if self.routes => D(Msg::VirtualHost),
+            (Msg::Body, 2) if self.endpoints => D(Msg::Locality),
+            (Msg::FilterChain, 5) => D(Msg::Metadata),
+            (Msg::FilterChain, 7) | (Msg::VirtualHost, 1) | (Msg::Route, 14) => C(Slot::PartName),
+            (Msg::VirtualHost, 2) | (Msg::RouteAction | Msg::ClusterWeight, 1) => C(Slot::PartRef),
+            (Msg::VirtualHost, 3) => D(Msg::Route),
+            (Msg::VirtualHost, 24) | (Msg::Route, 4) | (Msg::Locality, 9) => D(Msg::Metadata),
+            (Msg::Route, 2) => D(Msg::RouteAction),
+            (Msg::RouteAction, 3) => D(Msg::Weighted),
+            (Msg::Weighted, 1) => D(Msg::ClusterWeight),
+            (Msg::Metadata, 1) => D(Msg::FilterEntry),
+            (Msg::FilterEntry, 1) => C(Slot::FilterKey),
+            (Msg::FilterEntry, 2) if self.origins.reading() => D(Msg::Struct),
+            (Msg::Struct, 1) => D(Msg::StructEntry),
+            (Msg::StructEntry, 1) => C(Slot::StructKey),
+            (Msg::StructEntry, 2) | (Msg::List, 1) => D(Msg::Value),
+            (Msg::Value, 3) => C(Slot::StringValue),
+            (Msg::Value, 5) => D(Msg::Struct),
+            (Msg::Value, 6) => D(Msg::List),
             (Msg::FilterChain, 3) => D(Msg::NetFilter),
             (Msg::FilterChain, 6) => D(Msg::TransportSocket),
             (Msg::NetFilter, 4) => D(Msg::FilterAny),
@@ -830,7 +894,23 @@ impl Scanner {
                 self.body = BodyHash::Off;
                 self.cluster = self.any_type == super::CLUSTER;
                 self.listener = self.any_type == super::LISTENER;
+                self.routes = self.any_type == super::ROUTES;
+                self.endpoints = self.any_type == super::ENDPOINTS;
                 self.body_end = self.stack.last().map(|f| f.end);
+                self.origins.reset();
+            }
+            Msg::FilterChain => self.origins.open(PartKind::FilterChain),
+            Msg::VirtualHost => self.origins.open(PartKind::VirtualHost),
+            Msg::Route => self.origins.open(PartKind::Route),
+            Msg::Locality => self.origins.open(PartKind::Locality),
+            Msg::FilterEntry => self.origins.filter(""),
+            Msg::StructEntry => self.origins.enter_key(),
+            Msg::List => self.origins.enter_list(),
+            Msg::Value => {
+                let parent = self.stack.len().checked_sub(2).map(|i| self.stack[i].msg);
+                if parent == Some(Msg::List) {
+                    self.origins.next_item();
+                }
             }
             Msg::FilterAny | Msg::TlsAny => self.dep_any.clear(),
             Msg::Node => self.node = Some(Node::default()),
@@ -851,6 +931,12 @@ impl Scanner {
 
     fn end(&mut self, msg: Msg) {
         match msg {
+            Msg::FilterChain | Msg::VirtualHost | Msg::Route | Msg::Locality => {
+                self.origins.close()
+            }
+            Msg::StructEntry => self.origins.leave_key(),
+            Msg::List => self.origins.leave_list(),
+            Msg::Metadata => self.origins.metadata_done(),
             Msg::Ttl => {
                 let [seconds, nanos] = self.ttl;
                 let ms = seconds
@@ -882,6 +968,7 @@ impl Scanner {
                 let outer = matches!(msg, Msg::Any) || self.top() == Msg::DeltaResponse;
                 if outer {
                     if let Some(r) = self.current.take() {
+                        let origins = self.origins.finish();
                         let resources = &mut self.resp.resources;
                         resources.push_parts(&r.name, r.version.as_deref(), r.digest);
                         if self.cluster_eds {
@@ -889,6 +976,9 @@ impl Scanner {
                         }
                         resources.mark_timed(r.ttl_ms, r.bare);
                         resources.mark_needs(self.needs.iter().map(|(k, n)| (*k, n.as_str())));
+                        if let Some(o) = &origins {
+                            resources.mark_origins(o.clone());
+                        }
                         if let Some(interner) = &self.interner {
                             interner.seal(resources);
                             if let Some(key) = self.unseen.take() {
@@ -903,6 +993,7 @@ impl Scanner {
                                     needs: (self.needs.iter())
                                         .map(|(k, n)| (*k, n.as_str().into()))
                                         .collect(),
+                                    origins,
                                 };
                                 interner.remember(key, decoded);
                             }
@@ -952,6 +1043,18 @@ impl Scanner {
                 }
             }
             (Slot::RdsName | Slot::SdsName, _) => {}
+            (
+                Slot::PartName
+                | Slot::PartRef
+                | Slot::FilterKey
+                | Slot::StructKey
+                | Slot::StringValue,
+                _,
+            ) => {
+                let mut text = String::new();
+                text_into(&self.buf, &mut text);
+                self.part_text(slot, &text);
+            }
             (Slot::WrapperName, Some(r)) => text_into(&self.buf, &mut r.name),
             (Slot::BodyName, Some(r)) if r.name.is_empty() => text_into(&self.buf, &mut r.name),
             (Slot::WrapperName | Slot::BodyName, _) => {}
@@ -962,6 +1065,17 @@ impl Scanner {
             }
         }
         self.buf.clear();
+    }
+
+    /// A string of a part or of its metadata, to the origins' reader.
+    fn part_text(&mut self, slot: Slot, text: &str) {
+        match slot {
+            Slot::PartName => self.origins.name(text),
+            Slot::PartRef => self.origins.reference(text),
+            Slot::FilterKey => self.origins.filter(text),
+            Slot::StructKey => self.origins.key(text),
+            _ => self.origins.string(text),
+        }
     }
 
     fn captured(&mut self, slot: Slot, text: String) {
@@ -1002,6 +1116,11 @@ impl Scanner {
             | Slot::DepAnyType
             | Slot::RdsName
             | Slot::SdsName => {}
+            Slot::PartName
+            | Slot::PartRef
+            | Slot::FilterKey
+            | Slot::StructKey
+            | Slot::StringValue => self.part_text(slot, &text),
             Slot::MapKey | Slot::ErrorName => self.map_key = text,
             Slot::MapValue => self.map_value = text,
         }

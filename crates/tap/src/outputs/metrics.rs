@@ -331,6 +331,14 @@ impl Sources {
                 ("framing", counter(&t.framing_errors)),
             ],
         ));
+        all.extend(self.board_states());
+        all
+    }
+
+    /// The status board's families: nodes by state, and the objects rejected now.
+    fn board_states(&self) -> Vec<Scraped> {
+        use MetricType::Gauge as G;
+        let mut all = Vec::new();
         let counts = self.status.counts(crate::observer::now());
         let states = [
             SyncState::Synced,
@@ -342,6 +350,16 @@ impl Sources {
         .map(|st| (state_label(st), counts.get(&st).copied().unwrap_or(0)));
         let help = "Client nodes by their worst type's sync state.";
         all.push(by("xdstap_clients", help, G, "state", &states));
+        let rejected = (self.status.report(crate::observer::now(), None))
+            .rejected_objects
+            .len() as u64;
+        all.push(one(
+            "xdstap_rejected_objects",
+            "Kubernetes objects (as the resources' metadata names them) behind a NACK on some \
+             node now.",
+            G,
+            rejected,
+        ));
         all
     }
 }

@@ -470,12 +470,19 @@ impl SpanSink {
 }
 
 /// What of a NACKed push was rejected and what landed all the same.
-fn scope(r: &VerdictRecord) -> [(&'static str, Option<Value>); 3] {
+fn scope(r: &VerdictRecord) -> [(&'static str, Option<Value>); 5] {
     let partial = r.nack_scope == Some(Scope::Partial);
+    let objects = |f: fn(&crate::xds::origin::ObjectRef) -> String| {
+        let all: Vec<String> = r.objects.iter().map(|o| f(&o.object)).collect();
+        (!all.is_empty()).then(|| strings(&all))
+    };
     [
         ("xds.nack_scope", r.nack_scope.map(|s| Value::from(s.as_str()))),
         ("xds.rejected", partial.then(|| strings(&r.rejected))),
         ("xds.applied", partial.then(|| strings(&r.applied))),
+        // The objects the rejected resources were made from: `DestinationRule default/r`.
+        ("xds.objects", objects(|o| o.label())),
+        ("xds.objects.kubectl", objects(|o| o.kubectl())),
     ]
 }
 

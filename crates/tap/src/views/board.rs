@@ -208,6 +208,7 @@ impl TypeEntry {
                 scope,
                 rejected,
                 applied,
+                objects,
                 ..
             } => {
                 self.nacks = self.nacks.saturating_add(1);
@@ -227,6 +228,7 @@ impl TypeEntry {
                         .map(|r| r.name.clone())
                         .collect(),
                     applied: applied.iter().take(NAMES_CAP).cloned().collect(),
+                    objects: objects.iter().map(crate::api::v1::Origin::from).collect(),
                 };
                 self.nack = Some(Box::new((info, since)));
             }
@@ -503,6 +505,7 @@ impl StatusBoard {
         StatusReport {
             generated_at: rfc3339(now),
             stale_after_seconds: self.settings.stale_after.as_secs_f64(),
+            rejected_objects: crate::api::rejected_objects(&nodes),
             nodes,
             taps: Vec::new(),
         }

@@ -71,6 +71,8 @@ struct NackTally {
     scope: Scope,
     rejected: Vec<String>,
     applied: Vec<String>,
+    /// The objects the rejected resources were made from, as the first node's NACK named them.
+    objects: Vec<v1::Origin>,
     nodes: u64,
     examples: Vec<Arc<str>>,
 }
@@ -339,6 +341,7 @@ impl Progress {
             scope,
             rejected,
             applied,
+            objects,
             ..
         } = verdict
         else {
@@ -359,6 +362,7 @@ impl Progress {
             scope: *scope,
             rejected: rejected.iter().map(|r| r.name.clone()).collect(),
             applied: applied.clone(),
+            objects: objects.iter().map(v1::Origin::from).collect(),
             nodes: 0,
             examples: Vec::new(),
         });
@@ -503,6 +507,7 @@ impl Progress {
                     scope: v1::NackScope::from(g.scope) as i32,
                     rejected: g.rejected.clone(),
                     applied: g.applied.clone(),
+                    objects: g.objects.clone(),
                 })
                 .collect(),
         }

@@ -150,6 +150,7 @@ fn from_record(r: &VerdictRecord, traces: Option<&TraceIds>) -> WatchEvent {
         nack_scope: nack_scope as i32,
         rejected: r.rejected.clone(),
         applied: r.applied.clone(),
+        objects: r.objects.iter().map(crate::api::v1::Origin::from).collect(),
         overtaken_by: r.overtaken_by.clone().unwrap_or_default(),
         superseded_by: r.superseded_by.clone().unwrap_or_default(),
         end_message: r.end_message.clone().unwrap_or_default(),

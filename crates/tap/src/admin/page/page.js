@@ -77,13 +77,50 @@ function cell(t) {
   return td;
 }
 
+// "DestinationRule default/reviews", with " section S" when it has one.
+function objectLabel(o) {
+  return o.kind + " " + (o.namespace ? o.namespace + "/" : "") + o.name + (o.section ? " section " + o.section : "");
+}
+
+// The objects behind a node's NACKs now, each once.
+function nodeObjects(n) {
+  const out = [];
+  for (const t of n.types) {
+    if (t.state !== "NACKED" || !t.nack) continue;
+    for (const o of t.nack.objects || []) {
+      const label = objectLabel(o);
+      if (!out.includes(label)) out.push(label);
+    }
+  }
+  return out;
+}
+
+function renderObjects() {
+  const list = $("objects");
+  list.replaceChildren();
+  if (!status) return;
+  const objects = status.rejected_objects || [];
+  $("objects-count").textContent = objects.length ? objects.length + " now" : "none now";
+  for (const r of objects) {
+    const o = r.object || {};
+    list.append(el("li", { class: "object" },
+      el("strong", { text: objectLabel(o) }),
+      el("span", { text: " rejected by " + r.nodes + " node" + (r.nodes === 1 ? "" : "s") + " since " + r.since +
+        " (" + r.types.join(", ") + ": " + r.resources.join(", ") + ", from " + o.format.toLowerCase().replace(/_/g, "-") + " metadata)" }),
+      el("div", { class: "msg", text: o.kubectl })));
+  }
+}
+
 function renderFleet() {
   const tbody = $("fleet").tBodies[0];
   tbody.replaceChildren();
+  renderObjects();
   if (!status) return;
   const byNode = globMatcher($("node-filter").value.trim());
   const cluster = $("cluster-filter").value.trim();
-  const shown = status.nodes.filter((n) => byNode(n.id) && (!cluster || n.cluster === cluster));
+  const object = $("object-filter").value.trim().toLowerCase();
+  const byObject = (n) => !object || nodeObjects(n).some((l) => l.toLowerCase().includes(object));
+  const shown = status.nodes.filter((n) => byNode(n.id) && (!cluster || n.cluster === cluster) && byObject(n));
   $("fleet-count").textContent = shown.length + " of " + status.nodes.length + " nodes" +
     (shown.length > ROWS_SHOWN ? " (the first " + ROWS_SHOWN + " shown: filter to narrow)" : "");
   for (const n of shown.slice(0, ROWS_SHOWN)) {
@@ -97,10 +134,12 @@ function renderFleet() {
     const rest = n.types.filter((t) => !TYPES.includes(t.type));
     row.append(el("td", { text: rest.length ? rest.map((t) => t.type + " " + stateLabel(typeState(t))).join(", ") : "-" }));
     row.append(el("td", { text: n.connected ? "yes" : "no (since " + (n.disconnected_at || "?") + ")" }));
+    const objects = nodeObjects(n);
+    row.append(el("td", { class: "objects", text: objects.length ? objects.join(", ") : "-" }));
     tbody.append(row);
     if (open.has(n.id)) tbody.append(detail(n));
   }
-  if (!status.nodes.length) tbody.append(el("tr", {}, el("td", { colspan: "9", class: "muted", text: "no xDS clients seen yet" })));
+  if (!status.nodes.length) tbody.append(el("tr", {}, el("td", { colspan: "10", class: "muted", text: "no xDS clients seen yet" })));
 }
 
 function toggle(id) {
@@ -123,7 +162,7 @@ async function loadResources(id) {
 }
 
 function detail(n) {
-  const box = el("td", { colspan: "9", class: "detail" });
+  const box = el("td", { colspan: "10", class: "detail" });
   for (const t of n.types) {
     if (!t.nack) continue;
     const nack = t.nack;
@@ -131,7 +170,10 @@ function detail(n) {
       el("strong", { text: t.type + " rejected " + nack.version + " (" + nack.scope.toLowerCase() + ")" }),
       nack.suspects.length ? el("span", { text: " suspects: " + nack.suspects.join(", ") }) : null,
       nack.applied.length ? el("span", { text: "; applied all the same: " + nack.applied.join(", ") }) : null,
-      el("div", { class: "msg", text: nack.message })));
+      el("div", { class: "msg", text: nack.message }),
+      el("div", { class: "made-from", text: (nack.objects || []).length
+        ? "made from: " + nack.objects.map((o) => objectLabel(o) + " (" + o.kubectl + ")").join("; ")
+        : "no object named in the resources' metadata" })));
   }
   const mine = verdicts.filter((v) => v.node === n.id).slice(0, 20);
   box.append(el("h3", { text: "recent verdicts" }));
@@ -245,6 +287,7 @@ function verdictLine(v) {
     if (v.nack_scope === "PARTIAL") out.append(el("span", { text: "  " + v.rejected.join(", ") + " rejected; " + (v.applied.join(", ") || "nothing else") + " applied" }));
     if (v.suspects.length && v.nack_scope !== "PARTIAL") out.append(el("span", { text: "  suspects: " + v.suspects.join(", ") }));
     out.append(el("div", { class: "msg", text: v.error_message }));
+    if ((v.objects || []).length) out.append(el("div", { class: "made-from", text: "made from: " + v.objects.map(objectLabel).join(", ") }));
   }
   const link = traceLink(v.trace_id, "trace");
   if (link) out.append(" ", link);
@@ -316,7 +359,7 @@ function listen() {
 }
 
 async function start() {
-  for (const id of ["node-filter", "cluster-filter"]) $(id).addEventListener("input", renderFleet);
+  for (const id of ["node-filter", "cluster-filter", "object-filter"]) $(id).addEventListener("input", renderFleet);
   try {
     const c = await fetch("/ui/config");
     if (c.ok) config = await c.json();

@@ -1,7 +1,10 @@
 //! Framer + streaming decoder + correlator on a realistic SotW CDS push: 2,000 clusters
 //! (about 1 MiB), fed in 16 KiB DATA frames as the forwarder hands them over, then its ACK;
 //! once as the first stream to get it, once as every further stream of a fleet gets it (the
-//! tap's interner has seen its resources: `fleet_repeat`). Run: `cargo bench --bench decode`.
+//! tap's interner has seen its resources: `fleet_repeat`). The same again with every cluster
+//! carrying the metadata istiod writes (`istio.config`, `istio.services`) in place of as many
+//! filler bytes (`..._istio_metadata`): what reading it costs over bytes merely skipped, which is
+//! all a decoder that does not read it pays. Run: `cargo bench --bench decode`.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use xdstap::correlate::{Correlator, StreamContext};
@@ -12,8 +15,51 @@ use xdstap::xds::{Api, Interner, Message};
 
 use std::sync::Arc;
 
-/// A cluster of Istio's shape and size: a long name and ~500 bytes of settings.
-fn cluster(i: usize) -> Vec<u8> {
+/// Cluster field 25 as istiod writes it: filter metadata `istio` with `config` (the
+/// DestinationRule) and `services` (host, name, namespace).
+fn istio_metadata(i: usize) -> Vec<u8> {
+    let string = |s: &str| {
+        let mut v = Vec::new();
+        field(&mut v, 3, s.as_bytes());
+        v
+    };
+    let entry = |key: &str, value: &[u8]| {
+        let mut e = Vec::new();
+        field(&mut e, 1, key.as_bytes());
+        field(&mut e, 2, value);
+        let mut f = Vec::new();
+        field(&mut f, 1, &e);
+        f
+    };
+    let ns = format!("namespace-{}", i % 50);
+    let mut service = Vec::new();
+    service.extend(entry(
+        "host",
+        &string(&format!("service-{i}.{ns}.svc.cluster.local")),
+    ));
+    service.extend(entry("name", &string(&format!("service-{i}"))));
+    service.extend(entry("namespace", &string(&ns)));
+    let (mut value, mut list, mut list_value) = (Vec::new(), Vec::new(), Vec::new());
+    field(&mut value, 5, &service);
+    field(&mut list, 1, &value);
+    field(&mut list_value, 6, &list);
+    let config =
+        format!("/apis/networking.istio.io/v1/namespaces/{ns}/destination-rule/service-{i}");
+    let mut istio = entry("config", &string(&config));
+    istio.extend(entry("services", &list_value));
+    let mut filter = Vec::new();
+    field(&mut filter, 1, b"istio");
+    field(&mut filter, 2, &istio);
+    let mut metadata = Vec::new();
+    field(&mut metadata, 1, &filter);
+    let mut out = Vec::new();
+    field(&mut out, 25, &metadata);
+    out
+}
+
+/// A cluster of Istio's shape and size: a long name and ~500 bytes of settings, of which its
+/// metadata when `metadata`.
+fn cluster(i: usize, metadata: bool) -> Vec<u8> {
     let mut c = Vec::new();
     field(
         &mut c,
@@ -25,7 +71,13 @@ fn cluster(i: usize) -> Vec<u8> {
         .as_bytes(),
     );
     field(&mut c, 4, &[8, 10]);
-    field(&mut c, 33, &vec![0x5a; 480]);
+    let mut filler = 480;
+    if metadata {
+        let m = istio_metadata(i);
+        filler -= m.len();
+        c.extend(m);
+    }
+    field(&mut c, 33, &vec![0x5a; filler]);
     let mut any = Vec::new();
     field(
         &mut any,
@@ -36,11 +88,11 @@ fn cluster(i: usize) -> Vec<u8> {
     any
 }
 
-fn push() -> Vec<u8> {
+fn push(metadata: bool) -> Vec<u8> {
     let mut m = Vec::new();
     field(&mut m, 1, b"2026-11-29T12:00:00Z/1042");
     for i in 0..2000 {
-        field(&mut m, 2, &cluster(i));
+        field(&mut m, 2, &cluster(i, metadata));
     }
     field(
         &mut m,
@@ -93,23 +145,40 @@ fn run(
 }
 
 fn bench(c: &mut Criterion) {
-    let push = push();
     let ack = ack();
     let mut g = c.benchmark_group("decode");
-    g.throughput(Throughput::Bytes((push.len() + ack.len()) as u64));
-    g.bench_function("cds_push_2000_clusters_and_ack", |b| {
+    for (suffix, metadata) in [("", false), ("_istio_metadata", true)] {
+        let push = push(metadata);
+        assert_eq!(
+            push.len(),
+            self::push(false).len(),
+            "the same size either way"
+        );
+        g.throughput(Throughput::Bytes((push.len() + ack.len()) as u64));
+        cold_and_repeat(&mut g, suffix, &push, &ack);
+    }
+    g.finish();
+}
+
+fn cold_and_repeat(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    suffix: &str,
+    push: &[u8],
+    ack: &[u8],
+) {
+    g.bench_function(format!("cds_push_2000_clusters_and_ack{suffix}"), |b| {
         b.iter(|| {
             let mut correlator = Correlator::new(Api::Sotw, StreamContext::default());
             let mut out = Vec::new();
             run(
-                &push,
+                push,
                 MessageKind::Response(Api::Sotw),
                 None,
                 &mut correlator,
                 &mut out,
             );
             run(
-                &ack,
+                ack,
                 MessageKind::Request(Api::Sotw),
                 None,
                 &mut correlator,
@@ -120,7 +189,7 @@ fn bench(c: &mut Criterion) {
         })
     });
     let interner = Arc::new(Interner::default());
-    g.bench_function("fleet_repeat", |b| {
+    g.bench_function(format!("fleet_repeat{suffix}"), |b| {
         b.iter(|| {
             let mut correlator = Correlator::new(Api::Sotw, StreamContext::default())
                 .with_interner(interner.clone());
@@ -129,13 +198,12 @@ fn bench(c: &mut Criterion) {
                 MessageKind::Response(Api::Sotw),
                 MessageKind::Request(Api::Sotw),
             );
-            run(&push, sotw.0, Some(&interner), &mut correlator, &mut out);
-            run(&ack, sotw.1, Some(&interner), &mut correlator, &mut out);
+            run(push, sotw.0, Some(&interner), &mut correlator, &mut out);
+            run(ack, sotw.1, Some(&interner), &mut correlator, &mut out);
             assert_eq!(out.len(), 2);
             out
         })
     });
-    g.finish();
 }
 
 criterion_group!(benches, bench);

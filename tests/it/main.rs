@@ -5,6 +5,7 @@
 
 mod support;
 
+mod alerts;
 mod bad_input;
 mod big_push;
 mod cli;

@@ -358,6 +358,12 @@ async fn each_nack_names_the_objects_behind_it() {
     // The route to the missing cluster, not the route beside it (VirtualService ratings).
     stage.check("v2", "RDS", &[vs]).await;
     stage.rejected_now(&[dr, svc, vs]).await;
+    // What people read (shown with --nocapture; the README quotes it).
+    let admin = stage.tap.admin.clone();
+    for args in [vec!["status"], vec!["rollout", "v2", "-t", "CDS,RDS"]] {
+        let (_, out, _) = support::xdstap(&[&args[..], &["--admin", &admin]].concat()).await;
+        println!("$ xdstap {}\n{out}", args.join(" "));
+    }
 
     stage
         .cp

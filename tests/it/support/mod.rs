@@ -235,7 +235,23 @@ pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
     s.read_to_string(&mut raw).await.unwrap();
     let (head, body) = raw.split_once("\r\n\r\n").unwrap();
     let code = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (code, body.to_string())
+    if !head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        return (code, body.to_string());
+    }
+    // A chunked body: each chunk's size in hex on a line, the chunk, CRLF; a size 0 ends it.
+    let (mut out, mut rest) = (String::new(), body);
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap();
+        if n == 0 {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = after[n..].trim_start_matches("\r\n");
+    }
+    (code, out)
 }
 
 /// `xdstap ARGS` run to its end: (exit code, stdout, stderr).

@@ -236,13 +236,112 @@ impl Filter {
 
 /// One string of a metadata struct that names an object, by where it sat.
 #[derive(Debug)]
-struct Field {
+struct Field<'a> {
     filter: Filter,
-    /// `config`, `services.host`, `resources.kind`, ...
-    path: String,
+    /// The struct keys down to it: `config`, `services.host`, `resources.kind`.
+    path: [&'a str; 2],
     /// Its place in the outermost list, when in one.
     item: Option<u32>,
-    value: String,
+    value: &'a str,
+}
+
+/// Struct and list levels read at most within one filter's metadata.
+const MAX_NESTING: usize = 8;
+
+/// The length-delimited fields of a protobuf message: (number, bytes); other wire types are
+/// skipped. Ends at the first malformed field (a cut or bad message reads as far as it is whole).
+fn len_fields(mut b: &[u8]) -> impl Iterator<Item = (u32, &[u8])> {
+    std::iter::from_fn(move || loop {
+        let (tag, n) = varint(b)?;
+        b = &b[n..];
+        let field = (tag >> 3) as u32;
+        match tag & 7 {
+            0 => b = &b[varint(b)?.1..],
+            1 => b = b.get(8..)?,
+            5 => b = b.get(4..)?,
+            2 => {
+                let (len, n) = varint(b)?;
+                let end = n.checked_add(usize::try_from(len).ok()?)?;
+                let value = b.get(n..end)?;
+                b = &b[end..];
+                return Some((field, value));
+            }
+            _ => return None,
+        }
+    })
+}
+
+fn varint(b: &[u8]) -> Option<(u64, usize)> {
+    let mut v = 0u64;
+    for (i, byte) in b.iter().enumerate().take(10) {
+        v |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Some((v, i + 1));
+        }
+    }
+    None
+}
+
+/// The strings of `value` (a `google.protobuf.Value`) at struct keys `path` (two at most kept),
+/// into `out`.
+fn read_value<'a>(
+    filter: Filter,
+    value: &'a [u8],
+    path: &mut Vec<&'a str>,
+    item: Option<u32>,
+    out: &mut Vec<Field<'a>>,
+) {
+    if path.len() > MAX_NESTING || out.len() >= 4 * MAX_OBJECTS {
+        return;
+    }
+    for (field, bytes) in len_fields(value) {
+        match field {
+            3 => {
+                if let (Ok(text), 1..=2) = (std::str::from_utf8(bytes), path.len()) {
+                    out.push(Field {
+                        filter,
+                        path: [path[0], path.get(1).copied().unwrap_or("")],
+                        item,
+                        value: text,
+                    });
+                }
+            }
+            5 => read_struct(filter, bytes, path, item, out),
+            6 => {
+                for (k, (_, v)) in len_fields(bytes).filter(|(f, _)| *f == 1).enumerate() {
+                    // The outermost list's index names the item.
+                    let item = item.or(Some(k as u32));
+                    read_value(filter, v, path, item, out);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The entries of `s` (a `google.protobuf.Struct`), each read at its key.
+fn read_struct<'a>(
+    filter: Filter,
+    s: &'a [u8],
+    path: &mut Vec<&'a str>,
+    item: Option<u32>,
+    out: &mut Vec<Field<'a>>,
+) {
+    for (_, entry) in len_fields(s).filter(|(f, _)| *f == 1) {
+        let (mut key, mut value) = ("", None);
+        for (f, bytes) in len_fields(entry) {
+            match f {
+                1 => key = std::str::from_utf8(bytes).unwrap_or(""),
+                2 => value = Some(bytes),
+                _ => {}
+            }
+        }
+        if let Some(value) = value {
+            path.push(key);
+            read_value(filter, value, path, item, out);
+            path.pop();
+        }
+    }
 }
 
 /// An open part: the one being read.
@@ -271,13 +370,6 @@ pub(crate) struct Reader {
     parts: Vec<Part>,
     /// Open parts, outermost first (a route inside a virtual host).
     open: Vec<Draft>,
-    /// Inside a `filter_metadata` entry: its filter, once read and when it is one read.
-    filter: Option<Filter>,
-    /// Struct keys down to the current value.
-    keys: Vec<String>,
-    /// Per list open, the index of its current value.
-    lists: Vec<u32>,
-    fields: Vec<Field>,
 }
 
 impl Reader {
@@ -285,10 +377,6 @@ impl Reader {
     pub(crate) fn reset(&mut self) {
         self.parts.clear();
         self.open.clear();
-        self.fields.clear();
-        self.keys.clear();
-        self.lists.clear();
-        self.filter = None;
     }
 
     /// A part starts (a virtual host, route, filter chain, locality).
@@ -332,87 +420,25 @@ impl Reader {
         }
     }
 
-    /// A `filter_metadata` entry's key: whether its value is read.
-    pub(crate) fn filter(&mut self, key: &str) {
-        self.filter = Filter::of(key);
-        self.keys.clear();
-        self.lists.clear();
-    }
-
-    /// Whether the current `filter_metadata` entry is one read.
-    pub(crate) fn reading(&self) -> bool {
-        self.filter.is_some()
-    }
-
-    /// A struct entry starts.
-    pub(crate) fn enter_key(&mut self) {
-        self.keys.push(String::new());
-    }
-
-    /// Its key.
-    pub(crate) fn key(&mut self, text: &str) {
-        if let Some(k) = self.keys.last_mut() {
-            k.push_str(text);
-        }
-    }
-
-    /// A struct entry ends.
-    pub(crate) fn leave_key(&mut self) {
-        self.keys.pop();
-    }
-
-    /// A list starts.
-    pub(crate) fn enter_list(&mut self) {
-        self.lists.push(u32::MAX);
-    }
-
-    /// A value of the innermost list starts.
-    pub(crate) fn next_item(&mut self) {
-        if let Some(i) = self.lists.last_mut() {
-            *i = i.wrapping_add(1);
-        }
-    }
-
-    /// A list ends.
-    pub(crate) fn leave_list(&mut self) {
-        self.lists.pop();
-    }
-
-    /// A string value at the current keys.
-    pub(crate) fn string(&mut self, text: &str) {
-        let Some(filter) = self.filter else { return };
-        let path = self.keys.join(".");
-        let wanted = match filter {
-            Filter::Istio => matches!(
-                path.as_str(),
-                "config" | "services.host" | "services.name" | "services.namespace"
-            ),
-            Filter::EnvoyGateway => {
-                let mut it = path.splitn(2, '.');
-                matches!(it.next(), Some("resources" | "policies"))
-                    && matches!(
-                        it.next(),
-                        Some("kind" | "name" | "namespace" | "sectionName")
-                    )
+    /// A `Metadata` message, whole (`bytes`): the objects it names go to the part it belongs
+    /// to (the resource itself when no part is open).
+    pub(crate) fn metadata(&mut self, bytes: &[u8]) {
+        let mut fields = Vec::with_capacity(16);
+        let mut path = Vec::with_capacity(4);
+        for (_, entry) in len_fields(bytes).filter(|(f, _)| *f == 1) {
+            let (mut filter, mut value) = (None, None);
+            for (f, b) in len_fields(entry) {
+                match f {
+                    1 => filter = std::str::from_utf8(b).ok().and_then(Filter::of),
+                    2 => value = Some(b),
+                    _ => {}
+                }
             }
-            Filter::Contour => path.starts_with("io.projectcontour."),
-        };
-        if wanted && self.fields.len() < 4 * MAX_OBJECTS {
-            self.fields.push(Field {
-                filter,
-                path,
-                item: self.lists.first().copied(),
-                value: text.to_string(),
-            });
+            if let (Some(filter), Some(value)) = (filter, value) {
+                read_struct(filter, value, &mut path, None, &mut fields);
+            }
         }
-    }
-
-    /// A `Metadata` message ends: the objects it named go to the part it belongs to (the
-    /// resource itself when no part is open).
-    pub(crate) fn metadata_done(&mut self) {
-        let fields = std::mem::take(&mut self.fields);
         let objects = objects_of(&fields);
-        self.filter = None;
         if objects.is_empty() {
             return;
         }
@@ -420,7 +446,8 @@ impl Reader {
             Some(d) => add(&mut d.objects, objects),
             None => {
                 let mut d = Draft::new(PartKind::Resource);
-                add(&mut d.objects, objects);
+                d.objects = objects;
+                d.objects.truncate(MAX_OBJECTS);
                 self.keep(d);
             }
         }
@@ -449,35 +476,38 @@ fn add(to: &mut Vec<ObjectRef>, objects: Vec<ObjectRef>) {
 }
 
 /// The objects one metadata's fields name.
-fn objects_of(fields: &[Field]) -> Vec<ObjectRef> {
-    let mut out = Vec::new();
+fn objects_of(fields: &[Field<'_>]) -> Vec<ObjectRef> {
+    let mut out = Vec::with_capacity(2);
     for f in fields.iter().filter(|f| f.filter == Filter::Istio) {
-        if f.path == "config" {
-            out.extend(istio_config(&f.value));
+        if f.path == ["config", ""] {
+            out.extend(istio_config(f.value));
         }
     }
     // Lists of structs: the fields of one item share its place.
     let items = |filter: Filter, list: &str| {
         let mut seen: Vec<Option<u32>> = Vec::new();
-        for f in fields.iter().filter(|f| f.filter == filter) {
-            if f.path.starts_with(list) && !seen.contains(&f.item) {
+        for f in fields
+            .iter()
+            .filter(|f| f.filter == filter && f.path[0] == list)
+        {
+            if !seen.contains(&f.item) {
                 seen.push(f.item);
             }
         }
         seen
     };
-    let value = |filter: Filter, item: Option<u32>, path: &str| {
+    let value = |filter: Filter, item: Option<u32>, path: [&str; 2]| {
         (fields.iter())
             .find(|f| f.filter == filter && f.item == item && f.path == path)
-            .map_or("", |f| f.value.as_str())
+            .map_or("", |f| f.value)
     };
-    for item in items(Filter::Istio, "services.") {
-        let name = value(Filter::Istio, item, "services.name");
+    for item in items(Filter::Istio, "services") {
+        let name = value(Filter::Istio, item, ["services", "name"]);
         if !name.is_empty() {
             out.push(ObjectRef {
                 kind: "Service".into(),
                 group: "".into(),
-                namespace: value(Filter::Istio, item, "services.namespace").into(),
+                namespace: value(Filter::Istio, item, ["services", "namespace"]).into(),
                 name: name.into(),
                 section: "".into(),
                 format: Format::Istio,
@@ -486,7 +516,7 @@ fn objects_of(fields: &[Field]) -> Vec<ObjectRef> {
     }
     for list in ["resources", "policies"] {
         for item in items(Filter::EnvoyGateway, list) {
-            let at = |k: &str| value(Filter::EnvoyGateway, item, &format!("{list}.{k}"));
+            let at = |k: &str| value(Filter::EnvoyGateway, item, [list, k]);
             let (kind, name) = (at("kind"), at("name"));
             if kind.is_empty() || name.is_empty() {
                 continue;
@@ -501,7 +531,15 @@ fn objects_of(fields: &[Field]) -> Vec<ObjectRef> {
             });
         }
     }
-    let contour = |k: &str| value(Filter::Contour, None, &format!("io.projectcontour.{k}"));
+    let contour = |k: &str| {
+        (fields.iter())
+            .find(|f| {
+                f.filter == Filter::Contour
+                    && f.path[1].is_empty()
+                    && f.path[0].strip_prefix("io.projectcontour.") == Some(k)
+            })
+            .map_or("", |f| f.value)
+    };
     if !contour("kind").is_empty() && !contour("name").is_empty() {
         let kind = contour("kind");
         out.push(ObjectRef {
@@ -585,8 +623,20 @@ fn generated_route(name: &str) -> Option<(&str, &'static str)> {
     (!head.is_empty()).then_some((head, "HTTPRoute"))
 }
 
-/// `destination-rule` -> `DestinationRule`.
+/// `destination-rule` -> `DestinationRule`: Istio's kinds by heart, any other spelled out.
 fn camel(kebab: &str) -> String {
+    let known = match kebab {
+        "destination-rule" => "DestinationRule",
+        "virtual-service" => "VirtualService",
+        "service-entry" => "ServiceEntry",
+        "sidecar" => "Sidecar",
+        "gateway" => "Gateway",
+        "envoy-filter" => "EnvoyFilter",
+        _ => "",
+    };
+    if !known.is_empty() {
+        return known.into();
+    }
     kebab
         .split('-')
         .map(|w| {

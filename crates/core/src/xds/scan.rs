@@ -30,8 +30,10 @@ pub const RESOURCE_WRAPPER: &str = "type.googleapis.com/envoy.service.discovery.
 const DISCOVERY_TYPE_EDS: u64 = 3;
 
 const MAX_STRING: usize = 4096;
+/// The most of one `Metadata` message read (a control plane's run to a few hundred bytes).
+const MAX_METADATA: usize = 16 << 10;
 const MAX_ERROR_MESSAGE: usize = 64 * 1024;
-const MAX_DEPTH: usize = 24;
+const MAX_DEPTH: usize = 16;
 /// What one listener needs (RDS and SDS names), kept at most.
 const MAX_NEEDS: usize = 64;
 /// `resource_errors` kept per response at most.
@@ -157,18 +159,6 @@ enum Msg {
     ClusterWeight,
     /// A load assignment's `LocalityLbEndpoints` (2): `metadata` 9.
     Locality,
-    /// `Metadata`: `filter_metadata` 1, a map of filter name to `Struct`.
-    Metadata,
-    /// One entry of it: key 1, value 2.
-    FilterEntry,
-    /// `google.protobuf.Struct`: `fields` 1, a map of key to `Value`.
-    Struct,
-    /// One entry of it: key 1, value 2.
-    StructEntry,
-    /// `google.protobuf.Value`: `string_value` 3, `struct_value` 5, `list_value` 6.
-    Value,
-    /// `ListValue`: `values` 1.
-    List,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -202,12 +192,8 @@ enum Slot {
     PartName,
     /// What else a part is known by: a route's cluster, a virtual host's domain.
     PartRef,
-    /// A `filter_metadata` key.
-    FilterKey,
-    /// A `Struct` key.
-    StructKey,
-    /// A `Value`'s `string_value`.
-    StringValue,
+    /// A `Metadata` message, taken whole (up to [`MAX_METADATA`]) and read as bytes.
+    Metadata,
 }
 
 enum Action {
@@ -284,6 +270,8 @@ pub struct Scanner {
     endpoints: bool,
     /// The objects the current resource's metadata names.
     origins: origin::Reader,
+    /// A string of a part or of its metadata, read into this buffer and passed on.
+    scratch: String,
     dep_any: String,
     /// The end of the resource body being read, while inside one: its bytes are digested.
     body_end: Option<u64>,
@@ -379,6 +367,7 @@ impl Scanner {
             routes: false,
             endpoints: false,
             origins: origin::Reader::default(),
+            scratch: String::new(),
             dep_any: String::new(),
             body_end: None,
             interner: None,
@@ -752,10 +741,10 @@ impl Scanner {
                         self.begin(msg);
                     }
                     Action::Capture(slot) if v > 0 => {
-                        let cap = if slot == Slot::StatusMessage {
-                            MAX_ERROR_MESSAGE
-                        } else {
-                            MAX_STRING
+                        let cap = match slot {
+                            Slot::StatusMessage => MAX_ERROR_MESSAGE,
+                            Slot::Metadata => MAX_METADATA,
+                            _ => MAX_STRING,
                         };
                         self.state = State::Capture { slot, left: v, cap };
                     }
@@ -815,26 +804,17 @@ impl Scanner {
             (Msg::Body, 1) => C(Slot::BodyName),
             (Msg::Body, 3) if self.cluster => D(Msg::EdsConfig),
             (Msg::Body, 3 | 25) if self.listener => D(Msg::FilterChain),
-            (Msg::Body, 25) if self.cluster => D(Msg::Metadata),
+            (Msg::Body, 25) if self.cluster => C(Slot::Metadata),
             (Msg::Body, 2) if self.routes => D(Msg::VirtualHost),
             (Msg::Body, 2) if self.endpoints => D(Msg::Locality),
-            (Msg::FilterChain, 5) => D(Msg::Metadata),
+            (Msg::FilterChain, 5) => C(Slot::Metadata),
             (Msg::FilterChain, 7) | (Msg::VirtualHost, 1) | (Msg::Route, 14) => C(Slot::PartName),
             (Msg::VirtualHost, 2) | (Msg::RouteAction | Msg::ClusterWeight, 1) => C(Slot::PartRef),
             (Msg::VirtualHost, 3) => D(Msg::Route),
-            (Msg::VirtualHost, 24) | (Msg::Route, 4) | (Msg::Locality, 9) => D(Msg::Metadata),
+            (Msg::VirtualHost, 24) | (Msg::Route, 4) | (Msg::Locality, 9) => C(Slot::Metadata),
             (Msg::Route, 2) => D(Msg::RouteAction),
             (Msg::RouteAction, 3) => D(Msg::Weighted),
             (Msg::Weighted, 1) => D(Msg::ClusterWeight),
-            (Msg::Metadata, 1) => D(Msg::FilterEntry),
-            (Msg::FilterEntry, 1) => C(Slot::FilterKey),
-            (Msg::FilterEntry, 2) if self.origins.reading() => D(Msg::Struct),
-            (Msg::Struct, 1) => D(Msg::StructEntry),
-            (Msg::StructEntry, 1) => C(Slot::StructKey),
-            (Msg::StructEntry, 2) | (Msg::List, 1) => D(Msg::Value),
-            (Msg::Value, 3) => C(Slot::StringValue),
-            (Msg::Value, 5) => D(Msg::Struct),
-            (Msg::Value, 6) => D(Msg::List),
             (Msg::FilterChain, 3) => D(Msg::NetFilter),
             (Msg::FilterChain, 6) => D(Msg::TransportSocket),
             (Msg::NetFilter, 4) => D(Msg::FilterAny),
@@ -903,15 +883,6 @@ impl Scanner {
             Msg::VirtualHost => self.origins.open(PartKind::VirtualHost),
             Msg::Route => self.origins.open(PartKind::Route),
             Msg::Locality => self.origins.open(PartKind::Locality),
-            Msg::FilterEntry => self.origins.filter(""),
-            Msg::StructEntry => self.origins.enter_key(),
-            Msg::List => self.origins.enter_list(),
-            Msg::Value => {
-                let parent = self.stack.len().checked_sub(2).map(|i| self.stack[i].msg);
-                if parent == Some(Msg::List) {
-                    self.origins.next_item();
-                }
-            }
             Msg::FilterAny | Msg::TlsAny => self.dep_any.clear(),
             Msg::Node => self.node = Some(Node::default()),
             Msg::SemVer => self.semver = [0; 3],
@@ -934,9 +905,6 @@ impl Scanner {
             Msg::FilterChain | Msg::VirtualHost | Msg::Route | Msg::Locality => {
                 self.origins.close()
             }
-            Msg::StructEntry => self.origins.leave_key(),
-            Msg::List => self.origins.leave_list(),
-            Msg::Metadata => self.origins.metadata_done(),
             Msg::Ttl => {
                 let [seconds, nanos] = self.ttl;
                 let ms = seconds
@@ -1043,17 +1011,13 @@ impl Scanner {
                 }
             }
             (Slot::RdsName | Slot::SdsName, _) => {}
-            (
-                Slot::PartName
-                | Slot::PartRef
-                | Slot::FilterKey
-                | Slot::StructKey
-                | Slot::StringValue,
-                _,
-            ) => {
-                let mut text = String::new();
+            // Cut at the cap, it reads as far as it is whole.
+            (Slot::Metadata, _) => self.origins.metadata(&self.buf),
+            (Slot::PartName | Slot::PartRef, _) => {
+                let mut text = std::mem::take(&mut self.scratch);
                 text_into(&self.buf, &mut text);
                 self.part_text(slot, &text);
+                self.scratch = text;
             }
             (Slot::WrapperName, Some(r)) => text_into(&self.buf, &mut r.name),
             (Slot::BodyName, Some(r)) if r.name.is_empty() => text_into(&self.buf, &mut r.name),
@@ -1071,10 +1035,7 @@ impl Scanner {
     fn part_text(&mut self, slot: Slot, text: &str) {
         match slot {
             Slot::PartName => self.origins.name(text),
-            Slot::PartRef => self.origins.reference(text),
-            Slot::FilterKey => self.origins.filter(text),
-            Slot::StructKey => self.origins.key(text),
-            _ => self.origins.string(text),
+            _ => self.origins.reference(text),
         }
     }
 
@@ -1116,11 +1077,8 @@ impl Scanner {
             | Slot::DepAnyType
             | Slot::RdsName
             | Slot::SdsName => {}
-            Slot::PartName
-            | Slot::PartRef
-            | Slot::FilterKey
-            | Slot::StructKey
-            | Slot::StringValue => self.part_text(slot, &text),
+            Slot::PartName | Slot::PartRef => self.part_text(slot, &text),
+            Slot::Metadata => {}
             Slot::MapKey | Slot::ErrorName => self.map_key = text,
             Slot::MapValue => self.map_value = text,
         }

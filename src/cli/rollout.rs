@@ -3,6 +3,7 @@
 //! NACKs grouped by message and the nodes that do not run it. Exit 1 when any node rejected a
 //! version shown or never answered it.
 
+use super::client::Exit;
 use std::process::ExitCode;
 
 use super::client::{block_on, AskError};

@@ -3,6 +3,7 @@
 //! below it. The exit status serves scripts: 0 all fine, 1 some node NACKED or STALE, 3 the
 //! tap knows no node of the `--node` given, 69 the tap could not be asked.
 
+use super::client::Exit;
 use std::process::ExitCode;
 
 use super::client::{block_on, AdminClient, AskError};

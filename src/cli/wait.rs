@@ -11,6 +11,7 @@
 //! nothing is pending it still waits `--settle` past V's last push, for nodes the control plane
 //! has yet to push it to.
 
+use super::client::Exit;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 

@@ -1,6 +1,7 @@
 //! `xdstap watch`: verdicts as they happen, one line each (or one JSON object per line), until
 //! interrupted, `--count` lines, or the tap goes away (exit 69).
 
+use super::client::Exit;
 use std::io::Write;
 use std::process::ExitCode;
 

@@ -17,7 +17,7 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[];
 
 /// The modules the tap's `lib.rs` may make public; every other is `internal!` (public only with the
 /// `internals` feature).
-const PUBLIC: &[&str] = &["api", "config", "proxy", "server"];
+const PUBLIC: &[&str] = &["api", "config", "fanin", "proxy", "server"];
 
 /// The test targets under `tests/`: one binary of modules, and the allocator's own.
 const TEST_TARGETS: &[&str] = &["it", "rollout_memory.rs"];

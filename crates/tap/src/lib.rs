@@ -74,6 +74,7 @@
 
 pub mod api;
 pub mod config;
+pub mod fanin;
 pub mod proxy;
 pub mod server;
 

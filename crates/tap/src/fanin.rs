@@ -1,0 +1,667 @@
+//! Several taps asked as one, as the CLI asks them and as a tap's admin server asks its peers
+//! (`admin.peers`): their gRPC API on their admin addresses, over TCP or a Unix socket. A
+//! name that resolves to several addresses (a Kubernetes headless Service) stands for each.
+//! Every tap is asked at once, and their answers merge into one report: a node seen by several
+//! taps (it reconnected to another replica, say) is one row, the view of its newest stream
+//! first; a rollout counts each node once. A tap that did not answer is named in the report
+//! (`taps`), so a partial answer never reads as a complete one.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use tonic::codegen::Service;
+use tonic::transport::{Channel, Uri};
+
+use crate::api::csds::client_status_discovery_service_client::ClientStatusDiscoveryServiceClient;
+use crate::api::v1::rollout_node::Standing;
+use crate::api::v1::tap_client::TapClient;
+use crate::api::v1::{
+    NackGroup, NodeStatus, Rollout, RolloutNode, RolloutReport, StatusReport, TapAnswer,
+};
+use crate::proxy::{AddressError, Endpoint};
+
+/// How long a connect to the tap may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The largest answer read from a tap: a fleet's rollouts with every node listed, or its CSDS,
+/// run to tens of megabytes (gRPC's default limit is 4 MiB).
+const MAX_ANSWER: usize = 1 << 30;
+
+/// Why the tap could not be asked.
+#[derive(Debug, thiserror::Error)]
+pub enum AskError {
+    /// A bad address.
+    #[error("invalid tap address {admin:?}: {reason}")]
+    Address {
+        /// The address given.
+        admin: String,
+        /// What is wrong with it.
+        reason: AddressError,
+    },
+    /// An address tonic cannot make a URI of.
+    #[error("invalid tap address {admin:?}: {reason}")]
+    Uri {
+        /// The address given.
+        admin: String,
+        /// Why.
+        reason: http::uri::InvalidUri,
+    },
+    /// No connection.
+    #[error("cannot reach the tap's admin server at {admin}: {why}")]
+    Connect {
+        /// The address.
+        admin: String,
+        /// The innermost cause (refused, no such file).
+        why: String,
+    },
+    /// The call failed.
+    #[error("the tap at {admin} answered: {}", status.message())]
+    Call {
+        /// The address.
+        admin: String,
+        /// The tap's answer.
+        status: tonic::Status,
+    },
+    /// Several taps asked, and none answered.
+    #[error("no tap answered: {}", .0.join("; "))]
+    Nobody(Vec<String>),
+}
+
+/// A connected client of the tap at `admin`.
+#[derive(Clone)]
+pub struct AdminClient {
+    /// The generated client.
+    pub client: TapClient<Channel>,
+    /// CSDS on the same connection.
+    pub csds: ClientStatusDiscoveryServiceClient<Channel>,
+    /// The address, for messages.
+    pub admin: String,
+}
+
+impl AdminClient {
+    /// Connects to `endpoint`, named `admin` in messages.
+    pub async fn connect_to(endpoint: &Endpoint, admin: &str) -> Result<AdminClient, AskError> {
+        let failed = |e: tonic::transport::Error| {
+            // The innermost source says why (refused, no such file).
+            let mut why: &dyn std::error::Error = &e;
+            while let Some(inner) = why.source() {
+                why = inner;
+            }
+            AskError::Connect {
+                admin: admin.into(),
+                why: why.to_string(),
+            }
+        };
+        let channel = match endpoint {
+            Endpoint::Tcp(a) => {
+                let uri = format!("http://{a}");
+                (Channel::from_shared(uri).map_err(|reason| AskError::Uri {
+                    admin: admin.into(),
+                    reason,
+                })?)
+                .connect_timeout(CONNECT_TIMEOUT)
+                .connect()
+                .await
+                .map_err(failed)?
+            }
+            // The URI is not used: the connector dials the socket.
+            Endpoint::Unix(path) => (Channel::from_static("http://xdstap.admin"))
+                .connect_timeout(CONNECT_TIMEOUT)
+                .connect_with_connector(UnixConnector(path.clone()))
+                .await
+                .map_err(failed)?,
+        };
+        Ok(AdminClient {
+            csds: ClientStatusDiscoveryServiceClient::new(channel.clone())
+                .max_decoding_message_size(MAX_ANSWER),
+            client: TapClient::new(channel).max_decoding_message_size(MAX_ANSWER),
+            admin: admin.to_string(),
+        })
+    }
+
+    /// A failed call, as an error naming the tap.
+    pub fn failed(&self, status: tonic::Status) -> AskError {
+        AskError::Call {
+            admin: self.admin.clone(),
+            status,
+        }
+    }
+}
+
+/// Dials a Unix socket for tonic.
+#[derive(Clone)]
+struct UnixConnector(PathBuf);
+
+impl Service<Uri> for UnixConnector {
+    type Response = TokioIo<tokio::net::UnixStream>;
+    type Error = std::io::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Uri) -> Self::Future {
+        let path = self.0.clone();
+        Box::pin(async move {
+            tokio::net::UnixStream::connect(path)
+                .await
+                .map(TokioIo::new)
+        })
+    }
+}
+
+/// Nodes listed per list of a merged rollout (as a tap lists them).
+const LISTED: usize = 20;
+/// Example nodes per merged NACK group (as a tap gives them).
+const EXAMPLES: usize = 5;
+
+/// The taps a command asks.
+pub struct Fleet {
+    taps: Vec<Tap>,
+}
+
+/// One tap: how it is named, where it is, and its connection once made.
+struct Tap {
+    admin: String,
+    /// Where it is, or why it cannot be asked (a name that does not resolve).
+    endpoint: Result<Endpoint, String>,
+    client: Option<AdminClient>,
+}
+
+impl Fleet {
+    /// The taps `given` names, each DNS name expanded to every address it resolves to (named
+    /// by that address when there are several). A malformed address is a usage error.
+    pub async fn resolve(given: &[String]) -> Result<Fleet, AskError> {
+        let mut taps: Vec<Tap> = Vec::new();
+        let mut add = |admin: String, endpoint: Result<Endpoint, String>| {
+            if !taps.iter().any(|t| t.admin == admin) {
+                let client = None;
+                taps.push(Tap {
+                    admin,
+                    endpoint,
+                    client,
+                });
+            }
+        };
+        for admin in given.iter().map(|a| a.trim()).filter(|a| !a.is_empty()) {
+            let endpoint: Endpoint = admin.parse().map_err(|reason| AskError::Address {
+                admin: admin.into(),
+                reason,
+            })?;
+            let Endpoint::Tcp(addr) = &endpoint else {
+                add(admin.to_string(), Ok(endpoint));
+                continue;
+            };
+            if endpoint
+                .host()
+                .is_some_and(|h| h.parse::<std::net::IpAddr>().is_ok())
+            {
+                add(admin.to_string(), Ok(endpoint));
+                continue;
+            }
+            let found = tokio::net::lookup_host(addr.clone()).await;
+            match found {
+                Err(e) => add(admin.to_string(), Err(format!("cannot resolve it: {e}"))),
+                Ok(found) => {
+                    let mut found: Vec<std::net::SocketAddr> = found.collect();
+                    found.dedup();
+                    match found.len() {
+                        0 => add(admin.to_string(), Err("it resolves to no address".into())),
+                        1 => add(admin.to_string(), Ok(endpoint)),
+                        _ => {
+                            for a in found {
+                                add(a.to_string(), Ok(Endpoint::Tcp(a.to_string())));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        if taps.is_empty() {
+            return Err(AskError::Address {
+                admin: given.join(","),
+                reason: AddressError::NoPort,
+            });
+        }
+        Ok(Fleet { taps })
+    }
+
+    /// How many taps it asks.
+    pub fn count(&self) -> usize {
+        self.taps.len()
+    }
+
+    /// Asks every tap with `call` at once, connecting to those not yet connected (a tap that
+    /// could not be reached is dialled again on the next ask): each tap's name and answer, in
+    /// order.
+    pub async fn ask<T, F, Fut>(&mut self, call: F) -> Vec<(String, Result<T, AskError>)>
+    where
+        T: Send + 'static,
+        F: Fn(AdminClient) -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = Result<T, AskError>> + Send + 'static,
+    {
+        let mut asks = tokio::task::JoinSet::new();
+        for (i, tap) in self.taps.iter_mut().enumerate() {
+            let admin = tap.admin.clone();
+            let endpoint = tap.endpoint.clone();
+            let client = tap.client.take();
+            let call = call.clone();
+            asks.spawn(async move {
+                let client = match (client, endpoint) {
+                    (Some(c), _) => c,
+                    (None, Ok(e)) => match AdminClient::connect_to(&e, &admin).await {
+                        Ok(c) => c,
+                        Err(e) => return (i, None, Err(e)),
+                    },
+                    (None, Err(why)) => return (i, None, Err(AskError::Connect { admin, why })),
+                };
+                let answer = call(client.clone()).await;
+                let reachable = match &answer {
+                    Err(AskError::Call { status, .. }) => status.code() != tonic::Code::Unavailable,
+                    other => other.is_ok(),
+                };
+                (i, reachable.then_some(client), answer)
+            });
+        }
+        let mut answers: Vec<Option<Result<T, AskError>>> =
+            (0..self.taps.len()).map(|_| None).collect();
+        while let Some(done) = asks.join_next().await {
+            if let Ok((i, client, answer)) = done {
+                self.taps[i].client = client;
+                answers[i] = Some(answer);
+            }
+        }
+        (self.taps.iter().zip(answers))
+            .map(|(tap, answer)| {
+                let answer = answer.unwrap_or_else(|| {
+                    Err(AskError::Connect {
+                        admin: tap.admin.clone(),
+                        why: "the ask failed".into(),
+                    })
+                });
+                (tap.admin.clone(), answer)
+            })
+            .collect()
+    }
+}
+
+/// What the taps that answered said, each with its name; and every tap asked, with why it did
+/// not answer (empty when it did).
+pub type Answers<T> = (Vec<(String, T)>, Vec<TapAnswer>);
+
+/// The answers split into [`Answers`]. `Err` with the first tap's error when none answered.
+pub fn split<T>(answers: Vec<(String, Result<T, AskError>)>) -> Result<Answers<T>, AskError> {
+    let mut ok = Vec::new();
+    let mut taps = Vec::new();
+    let mut first = None;
+    for (admin, answer) in answers {
+        match answer {
+            Ok(t) => {
+                taps.push(TapAnswer {
+                    admin: admin.clone(),
+                    error: String::new(),
+                });
+                ok.push((admin, t));
+            }
+            Err(e) => {
+                taps.push(TapAnswer {
+                    admin,
+                    error: e.to_string(),
+                });
+                first.get_or_insert(e);
+            }
+        }
+    }
+    match (ok.is_empty(), first) {
+        (true, Some(e)) if taps.len() == 1 => Err(e),
+        (true, Some(_)) => Err(AskError::Nobody(
+            taps.into_iter().map(|t| t.error).collect(),
+        )),
+        _ => Ok((ok, taps)),
+    }
+}
+
+/// Whether some tap asked did not answer.
+pub fn is_partial(taps: &[TapAnswer]) -> bool {
+    taps.iter().any(|t| !t.error.is_empty())
+}
+
+/// One status report of several taps'. A node one tap sees is as that tap says, named by it
+/// (`taps`); a node several see is one row: the view of its newest stream (a connected one
+/// first, then the latest seen), with the others' under `elsewhere`.
+pub fn status(answers: Vec<(String, StatusReport)>, taps: Vec<TapAnswer>) -> StatusReport {
+    let mut merged = StatusReport {
+        taps,
+        ..Default::default()
+    };
+    let mut by_id: BTreeMap<String, Vec<NodeStatus>> = BTreeMap::new();
+    for (admin, report) in answers {
+        if report.generated_at > merged.generated_at {
+            merged.generated_at = report.generated_at;
+        }
+        merged.stale_after_seconds = merged.stale_after_seconds.max(report.stale_after_seconds);
+        for mut node in report.nodes {
+            node.taps = vec![admin.clone()];
+            by_id.entry(node.id.clone()).or_default().push(node);
+        }
+    }
+    for (_, mut views) in by_id {
+        // Stable: between equals, the tap given first.
+        views.sort_by(|a, b| (b.connected, &b.last_seen).cmp(&(a.connected, &a.last_seen)));
+        let mut views = views.into_iter();
+        let mut node = views.next().expect("one view at least");
+        node.elsewhere = views.collect();
+        let others = node.elsewhere.iter().flat_map(|n| n.taps.iter().cloned());
+        node.taps.extend(others.collect::<Vec<_>>());
+        merged.nodes.push(node);
+    }
+    merged.rejected_objects = crate::api::rejected_objects(&merged.nodes);
+    merged
+}
+
+/// How a node stands, as a tap says; a value this CLI does not know ranks with the accepted.
+fn standing(n: &RolloutNode) -> Standing {
+    match n.state() {
+        Standing::Unspecified => Standing::Acked,
+        s => s,
+    }
+}
+
+/// One version of one type over the taps that pushed it: each node as its newest push left
+/// it, and the group of its NACK (the message's key, and the group as first seen).
+#[derive(Default)]
+struct Version {
+    parts: Vec<Rollout>,
+    nodes: BTreeMap<String, (RolloutNode, Option<NackGroup>)>,
+}
+
+/// One rollout report of several taps' (each asked with `every_node`): per type and version,
+/// the nodes counted once, each as its newest push left it.
+pub fn rollouts(answers: Vec<(String, RolloutReport)>, taps: Vec<TapAnswer>) -> RolloutReport {
+    let mut merged = RolloutReport {
+        taps,
+        ..Default::default()
+    };
+    let mut versions: BTreeMap<(String, String), Version> = BTreeMap::new();
+    for (admin, report) in answers {
+        if report.generated_at > merged.generated_at {
+            merged.generated_at = report.generated_at;
+        }
+        for mut r in report.rollouts {
+            let v = versions
+                .entry((r.type_url.clone(), r.version.clone()))
+                .or_default();
+            for mut n in std::mem::take(&mut r.nodes) {
+                n.tap = admin.clone();
+                let group = (n.nack_group as usize)
+                    .checked_sub(1)
+                    .and_then(|g| r.nacks.get(g).cloned());
+                let newer = match v.nodes.get(&n.node) {
+                    Some((seen, _)) => n.pushed_at > seen.pushed_at,
+                    None => true,
+                };
+                if newer {
+                    v.nodes.insert(n.node.clone(), (n, group));
+                }
+            }
+            v.parts.push(r);
+        }
+    }
+    let mut all: Vec<Rollout> = versions.into_values().map(version).collect();
+    moved_on(&mut all);
+    all.sort_by(|a, b| b.first_push.cmp(&a.first_push));
+    for r in &mut all {
+        r.nodes.clear();
+    }
+    merged.rollouts = all;
+    merged
+}
+
+/// A merged version's rollout, its node list kept for [`moved_on`].
+fn version(v: Version) -> Rollout {
+    let first = &v.parts[0];
+    let mut r = Rollout {
+        r#type: first.r#type.clone(),
+        type_url: first.type_url.clone(),
+        version: first.version.clone(),
+        first_push: (v.parts.iter().map(|p| &p.first_push).min().cloned()).unwrap_or_default(),
+        last_push: (v.parts.iter().map(|p| &p.last_push).max().cloned()).unwrap_or_default(),
+        last_answer: v.parts.iter().filter_map(|p| p.last_answer.clone()).max(),
+        since_last_push_seconds: (v.parts.iter())
+            .map(|p| p.since_last_push_seconds)
+            .fold(f64::INFINITY, f64::min),
+        pushed: v.nodes.len() as u64,
+        ..Default::default()
+    };
+    let mut latencies: Vec<f64> = Vec::new();
+    let mut groups: Vec<(String, NackGroup)> = Vec::new();
+    let mut behind: Vec<&RolloutNode> = Vec::new();
+    for (n, group) in v.nodes.values() {
+        let s = standing(n);
+        match s {
+            Standing::Acked | Standing::Unspecified => r.acked += 1,
+            Standing::Nacked => r.nacked += 1,
+            Standing::Partial => {
+                r.nacked += 1;
+                r.partial += 1;
+            }
+            Standing::Superseded => r.superseded += 1,
+            Standing::Unanswered => r.unanswered += 1,
+            Standing::Pending => r.pending += 1,
+        }
+        latencies.extend(n.latency_ms);
+        match s {
+            Standing::Acked if r.acked_nodes.len() < LISTED => r.acked_nodes.push(n.node.clone()),
+            Standing::Acked => {}
+            _ => behind.push(n),
+        }
+        if let Some(g) = group {
+            let key = crate::api::group_key(&g.message);
+            let i = match groups.iter().position(|(k, _)| *k == key) {
+                Some(i) => i,
+                None => {
+                    let fresh = NackGroup {
+                        nodes: 0,
+                        examples: Vec::new(),
+                        ..g.clone()
+                    };
+                    groups.push((key, fresh));
+                    groups.len() - 1
+                }
+            };
+            let merged = &mut groups[i].1;
+            merged.nodes += 1;
+            if merged.examples.len() < EXAMPLES {
+                merged.examples.push(n.node.clone());
+            }
+        }
+    }
+    latencies.sort_by(f64::total_cmp);
+    let pct = |q: f64| {
+        let i = ((latencies.len() as f64 * q).ceil() as usize).saturating_sub(1);
+        latencies.get(i).copied().unwrap_or(0.0)
+    };
+    (r.latency_p50_ms, r.latency_p90_ms) = (pct(0.5), pct(0.9));
+    r.latency_max_ms = latencies.last().copied().unwrap_or(0.0);
+    behind.sort_by(|a, b| {
+        (standing(a), &a.pushed_at, &a.node).cmp(&(standing(b), &b.pushed_at, &b.node))
+    });
+    r.behind = behind.into_iter().take(LISTED).cloned().collect();
+    groups.sort_by_key(|(_, g)| std::cmp::Reverse(g.nodes));
+    r.nacks = groups.into_iter().map(|(_, g)| g).collect();
+    r.nodes = v.nodes.into_values().map(|(n, _)| n).collect();
+    r
+}
+
+/// Counts, per merged rollout, the nacked and unanswered nodes that accepted a newer version
+/// of the type since (first pushed later).
+fn moved_on(all: &mut [Rollout]) {
+    let mut acked: HashMap<(&str, &str), Vec<&str>> = HashMap::new();
+    for r in all.iter() {
+        for n in r.nodes.iter().filter(|n| standing(n) == Standing::Acked) {
+            acked
+                .entry((&r.type_url, &n.node))
+                .or_default()
+                .push(&r.first_push);
+        }
+    }
+    let counts: Vec<u64> = (all.iter())
+        .map(|r| {
+            (r.nodes.iter())
+                .filter(|n| standing(n).missed())
+                .filter(|n| {
+                    (acked.get(&(r.type_url.as_str(), n.node.as_str())))
+                        .is_some_and(|firsts| firsts.iter().any(|f| **f > *r.first_push))
+                })
+                .count() as u64
+        })
+        .collect();
+    for (r, c) in all.iter_mut().zip(counts) {
+        r.moved_on = c;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::v1::SyncState;
+
+    fn node(id: &str, connected: bool, last_seen: &str, state: SyncState) -> NodeStatus {
+        NodeStatus {
+            id: id.into(),
+            connected,
+            last_seen: last_seen.into(),
+            state: state as i32,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_node_on_two_taps_is_one_row_its_newest_stream_first() {
+        let a = StatusReport {
+            generated_at: "t1".into(),
+            nodes: vec![
+                node(
+                    "n1",
+                    false,
+                    "2026-01-01T00:00:09.000000Z",
+                    SyncState::Nacked,
+                ),
+                node("n2", true, "2026-01-01T00:00:01.000000Z", SyncState::Synced),
+            ],
+            ..Default::default()
+        };
+        let b = StatusReport {
+            generated_at: "t2".into(),
+            nodes: vec![node(
+                "n1",
+                true,
+                "2026-01-01T00:00:05.000000Z",
+                SyncState::Synced,
+            )],
+            ..Default::default()
+        };
+        let r = status(vec![("A".into(), a), ("B".into(), b)], vec![]);
+        assert_eq!(r.generated_at, "t2");
+        let ids: Vec<&str> = r.nodes.iter().map(|n| n.id.as_str()).collect();
+        assert_eq!(ids, ["n1", "n2"]);
+        // Connected beats seen later: B's stream is the live one.
+        assert_eq!(r.nodes[0].state(), SyncState::Synced);
+        assert_eq!(r.nodes[0].taps, ["B", "A"]);
+        assert_eq!(r.nodes[0].elsewhere.len(), 1);
+        assert_eq!(r.nodes[0].elsewhere[0].state(), SyncState::Nacked);
+        assert_eq!(r.nodes[1].taps, ["A"]);
+    }
+
+    fn seen(node: &str, state: Standing, pushed_at: &str, group: u32) -> RolloutNode {
+        RolloutNode {
+            node: node.into(),
+            state: state as i32,
+            pushed_at: pushed_at.into(),
+            latency_ms: (state != Standing::Pending).then_some(2.0),
+            nack_group: group,
+            ..Default::default()
+        }
+    }
+
+    fn version(v: &str, first_push: &str, nodes: Vec<RolloutNode>, nack: &str) -> Rollout {
+        Rollout {
+            r#type: "CDS".into(),
+            type_url: "t/envoy.config.cluster.v3.Cluster".into(),
+            version: v.into(),
+            first_push: first_push.into(),
+            last_push: first_push.into(),
+            nodes,
+            nacks: vec![NackGroup {
+                message: nack.into(),
+                nodes: 1,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn rollouts_count_each_node_once_as_its_newest_push_left_it() {
+        // n1 rejected v2 on tap A, reconnected to B, was pushed v2 again and rejected it again
+        // (the same message, its debug marker spelled otherwise); n2 is on B alone.
+        let a = RolloutReport {
+            rollouts: vec![version(
+                "v2",
+                "2",
+                vec![seen(
+                    "n1",
+                    Standing::Nacked,
+                    "2026-01-01T00:00:02.000000Z",
+                    1,
+                )],
+                "bad b goo.gle/debugonly",
+            )],
+            ..Default::default()
+        };
+        let b = RolloutReport {
+            rollouts: vec![
+                version(
+                    "v3",
+                    "3",
+                    vec![
+                        seen("n1", Standing::Acked, "2026-01-01T00:00:03.000000Z", 0),
+                        seen("n2", Standing::Pending, "2026-01-01T00:00:03.000000Z", 0),
+                    ],
+                    "",
+                ),
+                version(
+                    "v2",
+                    "2",
+                    vec![
+                        seen("n1", Standing::Nacked, "2026-01-01T00:00:02.500000Z", 1),
+                        seen("n2", Standing::Acked, "2026-01-01T00:00:02.000000Z", 0),
+                    ],
+                    "bad b  goo.gle/debugstr",
+                ),
+            ],
+            ..Default::default()
+        };
+        let r = rollouts(vec![("A".into(), a), ("B".into(), b)], vec![]);
+        let versions: Vec<&str> = r.rollouts.iter().map(|r| r.version.as_str()).collect();
+        assert_eq!(versions, ["v3", "v2"], "newest first");
+        let v2 = &r.rollouts[1];
+        assert_eq!((v2.pushed, v2.acked, v2.nacked), (2, 1, 1));
+        assert_eq!(v2.nacks.len(), 1);
+        assert_eq!(
+            (v2.nacks[0].nodes, &v2.nacks[0].examples[..]),
+            (1, &["n1".to_string()][..])
+        );
+        assert_eq!(v2.behind[0].tap, "B", "the newer push's view");
+        assert_eq!(v2.moved_on, 1, "n1 took v3 since");
+        assert!(v2.nodes.is_empty(), "the node lists stay behind");
+        let v3 = &r.rollouts[0];
+        assert_eq!((v3.pushed, v3.acked, v3.pending, v3.moved_on), (2, 1, 1, 0));
+    }
+}

@@ -5,7 +5,10 @@
 //! no element; a node opens to its NACK and its resources; the page asks nothing of any address
 //! but the tap's. A NACK of a DestinationRule's cluster names the object in its row, in the
 //! verdict feed, in the node's detail (with its `kubectl get`) and in the list of rejected
-//! objects, which the object filter narrows to and which empties once the cluster is fixed.
+//! objects, which the object filter narrows to and which empties once the cluster is fixed. A
+//! tier's page: tap A with `--admin-peers` naming itself and tap B shows every Envoy behind
+//! either once, with its tap, and names B once B stops; a tap without peers says it shows
+//! itself only.
 //! Then the demo's story with `--admin`, and a screenshot of the page after it
 //! (written to `XDSTAP_PAGE_SHOT`, e.g. docs/page.png, when set).
 
@@ -277,6 +280,97 @@ async fn the_page_names_the_object_behind_a_nack() {
     );
     drop(browser);
     tap.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tiers_page_shows_every_node_once_with_its_tap() {
+    let (_cp, cp_addr, _server) =
+        ControlPlane::listening(Snapshot::standard("v1", 1000, 1000, 9)).await;
+    let (admin_a, admin_b) = (support::free_addr(), support::free_addr());
+    let peers = format!("{admin_a},{admin_b}");
+    let tap = |admin: String, peers: Option<String>| {
+        let cp_addr = cp_addr.clone();
+        async move {
+            let mut flags = vec![
+                "--listen".to_string(),
+                "127.0.0.1:0".into(),
+                "--upstream".into(),
+                cp_addr,
+                "--admin".into(),
+                admin,
+            ];
+            if let Some(p) = peers {
+                flags.extend(["--admin-peers".into(), p]);
+            }
+            let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+            XdsTap::with_flags(&flags).await
+        }
+    };
+    let a = tap(admin_a.clone(), Some(peers)).await;
+    let b = tap(admin_b.clone(), None).await;
+    let mut envoys = Vec::new();
+    for (node, via) in [("envoy-a1", &a), ("envoy-a2", &a), ("envoy-b1", &b)] {
+        envoys.push(Envoy::start(node, Xds::Tcp(via.tap.addr.clone()), false).await);
+    }
+    // /status of A: the three nodes, each once, with its tap; A itself is not asked twice.
+    let report = support::eventually_async(30, "A's /status over the tier", || async {
+        let (_, body) = support::http_get(&admin_a, "/status").await;
+        let r: xdstap::api::v1::StatusReport = serde_json::from_str(&body).ok()?;
+        (r.nodes.len() == 3).then_some(r)
+    })
+    .await;
+    let taps: Vec<(&str, &str)> = (report.taps.iter())
+        .map(|t| (t.admin.as_str(), t.error.as_str()))
+        .collect();
+    assert_eq!(taps, [(admin_a.as_str(), ""), (admin_b.as_str(), "")]);
+    for n in &report.nodes {
+        let want = if n.id == "envoy-b1" {
+            &admin_b
+        } else {
+            &admin_a
+        };
+        assert_eq!(n.taps, std::slice::from_ref(want), "{}", n.id);
+    }
+
+    let page = format!("http://{admin_a}/");
+    let (mut browser, session) = tokio::task::spawn_blocking(move || {
+        let mut b = Browser::start(1400, 1000);
+        let s = b.open(&page);
+        (b, s)
+    })
+    .await
+    .unwrap();
+    let rows = format!(
+        "(rows => rows.length === 3 && \
+         rows.filter(r => r.dataset.node === 'envoy-b1' && r.querySelector('td.tap').textContent === {b}).length === 1 && \
+         rows.filter(r => r.dataset.node.startsWith('envoy-a') && r.querySelector('td.tap').textContent === {a}).length === 2)\
+         ([...document.querySelectorAll('tr.node')])",
+        a = js(&admin_a),
+        b = js(&admin_b)
+    );
+    browser.until(&session, 30, &rows);
+    browser.until(
+        &session,
+        5,
+        "document.getElementById('scope').textContent.startsWith('The tier: 2 of 2 taps answered')",
+    );
+
+    // B stops: A's page names it as not answering, and keeps A's own nodes.
+    drop(envoys.pop());
+    b.close().await;
+    let named = format!(
+        "[...document.querySelectorAll('#missing-taps li.missing')].some(l => l.dataset.tap === {}) && \
+         document.getElementById('scope').textContent.startsWith('The tier: 1 of 2 taps answered') && \
+         [...document.querySelectorAll('tr.node')].filter(r => r.dataset.node.startsWith('envoy-a')).length === 2",
+        js(&admin_b)
+    );
+    browser.until(&session, 30, &named);
+    drop(browser);
+
+    // A tap without peers says it shows itself only.
+    let (_, body) = support::http_get(&admin_a, "/ui/page.js").await;
+    assert!(body.contains("This tap only"), "the page's own words");
+    a.close().await;
 }
 
 /// The demo's story told with `--admin`, then the page as it shows it.

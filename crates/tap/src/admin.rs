@@ -57,9 +57,126 @@ pub struct Admin {
     /// The watchers' seats taken (gRPC watches and pages' `/events`), at most
     /// [`service::MAX_WATCHERS`].
     pub seats: service::Seats,
+    /// This tap among a tier's: its admin address (or host name and port).
+    pub name: String,
+    /// Its process's id, random at start, which its reports carry.
+    pub instance: String,
+    /// The tier's other taps, asked by `/status` (none: this tap only).
+    pub peers: Vec<String>,
+    /// Them resolved and connected, and when they were resolved.
+    pub fleet: tokio::sync::Mutex<Option<(std::time::Instant, crate::fanin::Fleet)>>,
+}
+
+/// Peers are resolved again this often (a tier scales).
+const RESOLVE_PEERS: Duration = Duration::from_secs(30);
+
+/// How long `/status` waits for the peers; one that has not answered by then is named.
+const PEER_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A random id for this process: its reports carry it, so a tier's fan-in knows itself.
+pub fn instance_id() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    let seed = format!("{}-{now}", std::process::id());
+    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(seed.as_bytes()))
 }
 
 impl Admin {
+    /// This tap's status report (of node `node` only, when given).
+    pub fn local_status(&self, node: Option<&str>) -> crate::api::v1::StatusReport {
+        let mut report = self.status.report(crate::observer::now(), node);
+        report.instance = self.instance.clone();
+        report
+    }
+
+    /// The tier's status report: this tap's and its peers', merged as the CLI merges them
+    /// (every node once, each naming its tap; a peer that did not answer named in `taps`).
+    /// This tap's own report when it has no peers.
+    pub async fn tier_status(&self, node: Option<&str>) -> crate::api::v1::StatusReport {
+        use crate::api::v1::{StatusRequest, TapAnswer};
+        use crate::fanin::{AskError, Fleet};
+        let local = self.local_status(node);
+        if self.peers.is_empty() {
+            return local;
+        }
+        let mut held = self.fleet.lock().await;
+        let fresh = held.as_ref().is_some_and(|(at, _)| at.elapsed() < RESOLVE_PEERS);
+        if !fresh {
+            match Fleet::resolve(&self.peers).await {
+                Ok(f) => *held = Some((std::time::Instant::now(), f)),
+                Err(e) => tracing::warn!(error = %e, "admin.peers: cannot resolve"),
+            }
+        }
+        let request = StatusRequest {
+            node: node.unwrap_or("").to_string(),
+        };
+        let asked = match held.as_mut() {
+            Some((_, fleet)) => {
+                let ask = fleet.ask(move |mut tap| {
+                    let request = request.clone();
+                    async move {
+                        let call = tap.client.status(request);
+                        match tokio::time::timeout(PEER_TIMEOUT, call).await {
+                            Ok(Ok(r)) => Ok(r.into_inner()),
+                            // A peer that does not know the node answered: it has none.
+                            Ok(Err(e)) if e.code() == tonic::Code::NotFound => {
+                                Ok(Default::default())
+                            }
+                            Ok(Err(e)) => Err(tap.failed(e)),
+                            Err(_) => Err(tap.failed(tonic::Status::unavailable(format!(
+                                "no answer within {PEER_TIMEOUT:?}"
+                            )))),
+                        }
+                    }
+                });
+                // Each call is bounded; this bounds the dialling too (an address that drops
+                // packets takes the whole connect timeout).
+                match tokio::time::timeout(PEER_TIMEOUT * 4, ask).await {
+                    Ok(answers) => answers,
+                    Err(_) => {
+                        // The ask was dropped with its connections: dial again next time.
+                        *held = None;
+                        (self.peers.iter())
+                            .map(|p| {
+                                let why = format!("no answer within {:?}", PEER_TIMEOUT * 4);
+                                (p.clone(), Err(AskError::Connect { admin: p.clone(), why }))
+                            })
+                            .collect()
+                    }
+                }
+            }
+            None => Vec::new(),
+        };
+        let mut answers = vec![(self.name.clone(), local)];
+        let mut taps = vec![TapAnswer {
+            admin: self.name.clone(),
+            error: String::new(),
+        }];
+        for (admin, answer) in asked {
+            match answer {
+                // This tap itself, found among its peers (a headless Service lists it too).
+                Ok(r) if r.instance == self.instance => {}
+                Ok(r) => {
+                    taps.push(TapAnswer {
+                        admin: admin.clone(),
+                        error: String::new(),
+                    });
+                    answers.push((admin, r));
+                }
+                Err(e) => taps.push(TapAnswer {
+                    admin,
+                    error: e.to_string(),
+                }),
+            }
+        }
+        drop(held);
+        let mut merged = crate::fanin::status(answers, taps);
+        merged.instance = self.instance.clone();
+        merged
+    }
+
     /// The rollouts `ask` asks for, each named by its trace when spans share one per version.
     pub fn rollouts(&self, ask: &crate::api::v1::RolloutsRequest) -> crate::api::v1::RolloutReport {
         let mut report = self.rollouts.report(crate::observer::now(), ask);
@@ -100,7 +217,11 @@ pub async fn serve(listener: Listener, admin: Arc<Admin>, max_connections: usize
     let grpc = with_reflection(grpc);
     let slots = Arc::new(tokio::sync::Semaphore::new(max_connections));
     let mut failures = crate::proxy::Throttled::new("Accept failed; backing off");
+    // The connections' tasks end with the server's (a stopped tap answers no one, even on a
+    // connection opened before).
+    let mut connections = tokio::task::JoinSet::new();
     loop {
+        while connections.try_join_next().is_some() {}
         // Past the bound, new clients wait in the kernel's backlog, holding no descriptor.
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
@@ -115,7 +236,7 @@ pub async fn serve(listener: Listener, admin: Arc<Admin>, max_connections: usize
         };
         let admin = admin.clone();
         let grpc = grpc.clone();
-        tokio::spawn(async move {
+        connections.spawn(async move {
             let _slot = slot;
             let timeout = crate::proxy::listen::FIRST_BYTES_TIMEOUT;
             let Some(conn) = crate::proxy::listen::first_bytes(conn, timeout).await else {
@@ -192,7 +313,7 @@ async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Body> {
     match req.uri().path() {
         "/status" => {
             let node = node_param(req.uri().query());
-            let report = admin.status.report(crate::observer::now(), node.as_deref());
+            let report = admin.tier_status(node.as_deref()).await;
             if node.is_some() && report.nodes.is_empty() {
                 return reply(
                     StatusCode::NOT_FOUND,

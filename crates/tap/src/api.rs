@@ -394,6 +394,7 @@ mod tests {
             }],
             taps: vec![],
             rejected_objects: vec![],
+            instance: String::new(),
         };
         let json = serde_json::to_value(&report).unwrap();
         assert_eq!(json["nodes"][0]["state"], "NACKED");

@@ -179,6 +179,10 @@ impl Server {
                 traces,
                 trace_url: config.admin.as_ref().and_then(|a| a.trace_url.clone()),
                 seats: Default::default(),
+                name: tap_name(&address),
+                instance: crate::admin::instance_id(),
+                peers: config.admin.as_ref().map(|a| a.peers.clone()).unwrap_or_default(),
+                fleet: Default::default(),
             });
             let most = config.admin.as_ref().map_or(crate::config::MAX_CONNECTIONS, |a| a.max_connections);
             (address, tokio::spawn(crate::admin::serve(l, admin, most)))
@@ -341,5 +345,19 @@ impl Pipeline {
     /// Delivers what is queued, then drops the sinks (exporters flush on drop of their sink).
     pub async fn close(self) {
         self.sinks.close().await;
+    }
+}
+
+/// How this tap names itself among a tier's: its admin address, or, listening on every
+/// interface (as in a pod), its host name with the port.
+fn tap_name(address: &str) -> String {
+    let text = address.to_string();
+    let any = ["0.0.0.0:", "[::]:"].iter().any(|p| text.starts_with(p));
+    match (any, std::env::var("HOSTNAME")) {
+        (true, Ok(host)) if !host.is_empty() => {
+            let port = text.rsplit(':').next().unwrap_or("");
+            format!("{host}:{port}")
+        }
+        _ => text,
     }
 }

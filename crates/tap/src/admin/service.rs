@@ -26,7 +26,7 @@ impl tap_server::Tap for TapApi {
     ) -> Result<Response<v1::StatusReport>, Status> {
         let node = request.into_inner().node;
         let only = (!node.is_empty()).then_some(node.as_str());
-        let report = self.0.status.report(crate::observer::now(), only);
+        let report = self.0.local_status(only);
         if only.is_some() && report.nodes.is_empty() {
             return Err(Status::not_found(format!("no node {node:?}")));
         }

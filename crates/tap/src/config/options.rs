@@ -211,6 +211,16 @@ pub struct AdminOptions {
     /// e.g. http://jaeger:16686/trace/{trace_id} [default: no links].
     #[arg(id = "admin.trace_url", long = "trace-url", value_name = "TEMPLATE")]
     pub trace_url: Option<String>,
+    /// The other taps of a tier, asked so that /status and the page answer for the whole tier:
+    /// host:port or unix:/path, repeated or comma-separated; a name resolving to every replica
+    /// (a headless Service) stands for each, this tap included [default: none: this tap only].
+    #[arg(
+        id = "admin.peers",
+        long = "admin-peers",
+        value_name = "ADDR",
+        value_delimiter = ','
+    )]
+    pub peers: Option<Vec<String>>,
 }
 
 impl Options {

@@ -149,6 +149,8 @@ pub struct AdminSettings {
     pub rollouts: RolloutSettings,
     /// The page's link to a trace: a URL with `{trace_id}` in it.
     pub trace_url: Option<String>,
+    /// The tier's other taps (admin addresses or names), asked by `/status` and the page.
+    pub peers: Vec<String>,
     /// Admin connections open at once at most; past it clients wait in the kernel's backlog.
     /// Not an option: `xdstap run` sets it to a share of the open-files limit
     /// ([`connections_for`](crate::config::connections_for)), so slow admin clients cannot take the descriptors
@@ -372,11 +374,21 @@ impl AdminOptions {
             }
             t => t,
         };
+        let peers: Vec<String> = (self.peers.unwrap_or_default().into_iter())
+            .map(|p| p.trim().to_string())
+            .filter(|p| !p.is_empty())
+            .collect();
+        for p in &peers {
+            if let Err(reason) = p.parse::<Endpoint>() {
+                return Err(invalid("admin.peers", p, reason.to_string()));
+            }
+        }
         Ok(Some(AdminSettings {
             address,
             status,
             rollouts,
             trace_url,
+            peers,
             max_connections: crate::config::MAX_CONNECTIONS,
         }))
     }

@@ -508,6 +508,7 @@ impl StatusBoard {
             rejected_objects: crate::api::rejected_objects(&nodes),
             nodes,
             taps: Vec::new(),
+            instance: String::new(),
         }
     }
 

@@ -111,11 +111,25 @@ function renderObjects() {
   }
 }
 
+// Whose clients the page shows: this tap's, or the tier's (admin.peers), naming any tap that
+// did not answer.
+function renderScope() {
+  const taps = status.taps || [];
+  const missing = taps.filter((t) => t.error);
+  $("scope").textContent = taps.length
+    ? "The tier: " + (taps.length - missing.length) + " of " + taps.length + " taps answered; each node once, with the tap it is connected to."
+    : "This tap only: the clients connected to it (admin.peers makes the page show the whole tier).";
+  const list = $("missing-taps");
+  list.replaceChildren();
+  for (const t of missing) list.append(el("li", { class: "missing", "data-tap": t.admin, text: "not answering: " + t.admin + " (" + t.error + ")" }));
+}
+
 function renderFleet() {
   const tbody = $("fleet").tBodies[0];
   tbody.replaceChildren();
   renderObjects();
   if (!status) return;
+  renderScope();
   const byNode = globMatcher($("node-filter").value.trim());
   const cluster = $("cluster-filter").value.trim();
   const object = $("object-filter").value.trim().toLowerCase();
@@ -136,10 +150,11 @@ function renderFleet() {
     row.append(el("td", { text: n.connected ? "yes" : "no (since " + (n.disconnected_at || "?") + ")" }));
     const objects = nodeObjects(n);
     row.append(el("td", { class: "objects", text: objects.length ? objects.join(", ") : "-" }));
+    row.append(el("td", { class: "tap", text: (n.taps || []).join(", ") || "this tap" }));
     tbody.append(row);
     if (open.has(n.id)) tbody.append(detail(n));
   }
-  if (!status.nodes.length) tbody.append(el("tr", {}, el("td", { colspan: "10", class: "muted", text: "no xDS clients seen yet" })));
+  if (!status.nodes.length) tbody.append(el("tr", {}, el("td", { colspan: "11", class: "muted", text: "no xDS clients seen yet" })));
 }
 
 function toggle(id) {
@@ -162,7 +177,7 @@ async function loadResources(id) {
 }
 
 function detail(n) {
-  const box = el("td", { colspan: "10", class: "detail" });
+  const box = el("td", { colspan: "11", class: "detail" });
   for (const t of n.types) {
     if (!t.nack) continue;
     const nack = t.nack;

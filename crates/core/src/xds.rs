@@ -378,31 +378,23 @@ impl Resources {
     pub fn prefix(&self, k: usize) -> Resources {
         let k = k.min(self.len);
         let whole = k / CHUNK * CHUNK;
-        let before = |i: u32| (i as usize) < whole;
+        // The side tables are in index order: what comes before `whole` is a head of each, cut
+        // without walking the rest (a prefix of a large push costs its own size only).
+        fn head<T: Clone>(v: &[T], whole: usize, index: impl Fn(&T) -> u32) -> Vec<T> {
+            v[..v.partition_point(|x| (index(x) as usize) < whole)].to_vec()
+        }
         let mut r = Resources {
             chunks: self.chunks[..whole / CHUNK].to_vec(),
             sealed: whole / CHUNK,
             len: whole,
             last: String::new(),
-            services: (self.services.iter())
-                .filter(|(i, _)| before(*i))
-                .cloned()
-                .collect(),
+            services: head(&self.services, whole, |(i, _)| *i),
             eds: (0..whole)
                 .filter(|i| self.digest_at(*i).is_some_and(|(_, eds)| eds))
                 .count() as u32,
-            timed: (self.timed.iter())
-                .filter(|t| before(t.index))
-                .copied()
-                .collect(),
-            needs: (self.needs.iter())
-                .filter(|(i, ..)| before(*i))
-                .cloned()
-                .collect(),
-            origins: (self.origins.iter())
-                .filter(|(i, _)| before(*i))
-                .cloned()
-                .collect(),
+            timed: head(&self.timed, whole, |t| t.index),
+            needs: head(&self.needs, whole, |(i, ..)| *i),
+            origins: head(&self.origins, whole, |(i, _)| *i),
         };
         for i in whole..k {
             let Some(x) = self.get(i) else { break };

@@ -6,6 +6,9 @@
 //! filler bytes (`..._istio_metadata`): what reading it costs over bytes merely skipped, which is
 //! all a decoder that does not read it pays. Run: `cargo bench --bench decode`.
 
+#[path = "common/istio.rs"]
+mod istio;
+
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use xdstap::correlate::{Correlator, StreamContext};
 use xdstap::grpc::{encode, Deframer, Part};
@@ -14,48 +17,6 @@ use xdstap::xds::wire::bytes as field;
 use xdstap::xds::{Api, Interner, Message};
 
 use std::sync::Arc;
-
-/// Cluster field 25 as istiod writes it: filter metadata `istio` with `config` (the
-/// DestinationRule) and `services` (host, name, namespace).
-fn istio_metadata(i: usize) -> Vec<u8> {
-    let string = |s: &str| {
-        let mut v = Vec::new();
-        field(&mut v, 3, s.as_bytes());
-        v
-    };
-    let entry = |key: &str, value: &[u8]| {
-        let mut e = Vec::new();
-        field(&mut e, 1, key.as_bytes());
-        field(&mut e, 2, value);
-        let mut f = Vec::new();
-        field(&mut f, 1, &e);
-        f
-    };
-    let ns = format!("namespace-{}", i % 50);
-    let mut service = Vec::new();
-    service.extend(entry(
-        "host",
-        &string(&format!("service-{i}.{ns}.svc.cluster.local")),
-    ));
-    service.extend(entry("name", &string(&format!("service-{i}"))));
-    service.extend(entry("namespace", &string(&ns)));
-    let (mut value, mut list, mut list_value) = (Vec::new(), Vec::new(), Vec::new());
-    field(&mut value, 5, &service);
-    field(&mut list, 1, &value);
-    field(&mut list_value, 6, &list);
-    let config =
-        format!("/apis/networking.istio.io/v1/namespaces/{ns}/destination-rule/service-{i}");
-    let mut istio = entry("config", &string(&config));
-    istio.extend(entry("services", &list_value));
-    let mut filter = Vec::new();
-    field(&mut filter, 1, b"istio");
-    field(&mut filter, 2, &istio);
-    let mut metadata = Vec::new();
-    field(&mut metadata, 1, &filter);
-    let mut out = Vec::new();
-    field(&mut out, 25, &metadata);
-    out
-}
 
 /// A cluster of Istio's shape and size: a long name and ~500 bytes of settings, of which its
 /// metadata when `metadata`.
@@ -73,7 +34,7 @@ fn cluster(i: usize, metadata: bool) -> Vec<u8> {
     field(&mut c, 4, &[8, 10]);
     let mut filler = 480;
     if metadata {
-        let m = istio_metadata(i);
+        let m = istio::metadata(&format!("service-{i}"), &format!("namespace-{}", i % 50));
         filler -= m.len();
         c.extend(m);
     }

@@ -35,6 +35,9 @@ mod otlp;
 #[path = "common/l4.rs"]
 mod l4;
 
+#[path = "common/istio.rs"]
+mod istio;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -57,50 +60,6 @@ fn with_metadata() -> bool {
     std::env::var("SIDEBYSIDE_METADATA").as_deref() == Ok("1")
 }
 
-/// Cluster field 25 as istiod writes it for cluster `i`: filter metadata `istio` with `config`
-/// (the DestinationRule) and `services` (host, name, namespace), encoded.
-fn istio_metadata(i: usize) -> Vec<u8> {
-    let string = |s: &str| {
-        let mut v = Vec::new();
-        field(&mut v, 3, s.as_bytes());
-        v
-    };
-    let entry = |key: &str, value: &[u8]| {
-        let mut e = Vec::new();
-        field(&mut e, 1, key.as_bytes());
-        field(&mut e, 2, value);
-        let mut f = Vec::new();
-        field(&mut f, 1, &e);
-        f
-    };
-    let ns = format!("ns-{}", i % 50);
-    let mut service = Vec::new();
-    service.extend(entry(
-        "host",
-        &string(&format!("svc-{i}.{ns}.svc.cluster.local")),
-    ));
-    service.extend(entry("name", &string(&format!("svc-{i}"))));
-    service.extend(entry("namespace", &string(&ns)));
-    let mut service_value = Vec::new();
-    field(&mut service_value, 5, &service);
-    let mut list = Vec::new();
-    field(&mut list, 1, &service_value);
-    let mut list_value = Vec::new();
-    field(&mut list_value, 6, &list);
-    let config = format!("/apis/networking.istio.io/v1/namespaces/{ns}/destination-rule/svc-{i}");
-    let mut istio = Vec::new();
-    istio.extend(entry("config", &string(&config)));
-    istio.extend(entry("services", &list_value));
-    let mut filter = Vec::new();
-    field(&mut filter, 1, b"istio");
-    field(&mut filter, 2, &istio);
-    let mut metadata = Vec::new();
-    field(&mut metadata, 1, &filter);
-    let mut out = Vec::new();
-    field(&mut out, 25, &metadata);
-    out
-}
-
 /// A cluster's body: `name`, its metadata when pushes carry it, and filler up to `filler`
 /// bytes in all (of `fill`).
 fn cluster_body(name: &str, i: usize, filler: usize, fill: u8) -> Vec<u8> {
@@ -108,7 +67,7 @@ fn cluster_body(name: &str, i: usize, filler: usize, fill: u8) -> Vec<u8> {
     field(&mut c, 1, name.as_bytes());
     let mut left = filler;
     if with_metadata() {
-        let m = istio_metadata(i);
+        let m = istio::metadata(&format!("svc-{i}"), &format!("ns-{}", i % 50));
         left = left.saturating_sub(m.len());
         c.extend(m);
     }

@@ -164,17 +164,7 @@ impl From<&crate::xds::origin::Origin> for v1::Origin {
 impl v1::Origin {
     /// `DestinationRule default/reviews`, with ` section S` when it has one.
     pub fn label(&self) -> String {
-        let mut s = format!("{} ", self.kind);
-        if !self.namespace.is_empty() {
-            s.push_str(&self.namespace);
-            s.push('/');
-        }
-        s.push_str(&self.name);
-        if !self.section.is_empty() {
-            s.push_str(" section ");
-            s.push_str(&self.section);
-        }
-        s
+        crate::xds::origin::label(&self.kind, &self.namespace, &self.name, &self.section)
     }
 
     /// The object alone, without where it was found: what objects are grouped by.

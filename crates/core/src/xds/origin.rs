@@ -74,17 +74,7 @@ pub struct ObjectRef {
 impl ObjectRef {
     /// `DestinationRule default/reviews`, with ` section S` when it has one.
     pub fn label(&self) -> String {
-        let mut s = format!("{} ", self.kind);
-        if !self.namespace.is_empty() {
-            s.push_str(&self.namespace);
-            s.push('/');
-        }
-        s.push_str(&self.name);
-        if !self.section.is_empty() {
-            s.push_str(" section ");
-            s.push_str(&self.section);
-        }
-        s
+        label(&self.kind, &self.namespace, &self.name, &self.section)
     }
 
     /// The `kubectl get` command that shows it.
@@ -101,6 +91,22 @@ impl ObjectRef {
         s.push_str(" -o yaml");
         s
     }
+}
+
+/// An object as people read it: `DestinationRule default/reviews`, with ` section S` when it
+/// has a section (a Gateway's listener, a route's rule).
+pub fn label(kind: &str, namespace: &str, name: &str, section: &str) -> String {
+    let mut s = format!("{kind} ");
+    if !namespace.is_empty() {
+        s.push_str(namespace);
+        s.push('/');
+    }
+    s.push_str(name);
+    if !section.is_empty() {
+        s.push_str(" section ");
+        s.push_str(section);
+    }
+    s
 }
 
 /// What a part of a resource is.

@@ -24,6 +24,8 @@
 //! - `admin`: the admin server, HTTP/1.1 and HTTP/2 on one address: `/status`, `/rollouts`,
 //!   `/metrics`, `/healthz`, `/readyz`, and over gRPC the tap's API and CSDS.
 //! - [`config`]: the options (flags and YAML keys, one definition) and their validation.
+//! - [`fanin`]: several taps asked as one over their API (the CLI's commands, and `/status` of
+//!   a tap with `admin.peers`), their reports merged.
 //! - [`server`]: the assembly: a config and a listener become a running tap ([`run`]).
 //!
 //! The command line (`xdstap run`, the commands that ask a running tap, the demo) is the

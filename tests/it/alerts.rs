@@ -17,7 +17,7 @@ use support::control_plane::ControlPlane;
 use support::envoy::{Envoy, Xds};
 use support::metadata::istio_cluster;
 use support::resources::{Snapshot, CDS};
-use support::tap::XdsTap;
+use support::tap::{TapOptions, XdsTap};
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -151,15 +151,7 @@ async fn the_rules_fire_and_resolve_on_a_real_prometheus() {
     let dr = ("reviews", "default", "reviews", "v2");
     let snap = |v: &str, bad: bool| Snapshot::new(v).with(CDS, istio_cluster(name, dr, 9, bad));
     let (cp, cp_addr, _server) = ControlPlane::listening(snap("v1", false)).await;
-    let tap = XdsTap::with_flags(&[
-        "--listen",
-        "127.0.0.1:0",
-        "--upstream",
-        &cp_addr,
-        "--admin",
-        "127.0.0.1:0",
-    ])
-    .await;
+    let tap = XdsTap::start(TapOptions::new(&cp_addr)).await;
     let _envoy = Envoy::start("envoy-1", Xds::Tcp(tap.tap.addr.clone()), false).await;
     let prometheus = Prometheus::start(&tap.admin).await;
     support::eventually_async(30, "the tap scraped and Envoy synced", || async {

@@ -115,17 +115,7 @@ impl Stage {
         let log = dir.path().join("events.jsonl");
         let (cp, cp_addr, _server) = ControlPlane::listening(snapshot("v1", Breaks::Nothing)).await;
         let spans = Receiver::grpc().await;
-        let mut config = xdstap::config::Options::from_flags([
-            "--listen",
-            "127.0.0.1:0",
-            "--upstream",
-            &cp_addr,
-            "--admin",
-            "127.0.0.1:0",
-        ])
-        .unwrap()
-        .resolve()
-        .unwrap();
+        let mut config = support::tap::config("127.0.0.1:0", &cp_addr);
         config.event_log = Some(log.clone());
         config.spans = Some(SpanSettings {
             endpoint: Some(spans.endpoint.clone()),

@@ -27,17 +27,7 @@ async fn a_reconnected_envoy_whose_clusters_did_not_change_waits_for_nothing() {
         ControlPlane::listening(Snapshot::standard("v1", 1000, 1000, 9)).await;
     let dir = support::TempDir::new("reconnect");
     let log = dir.path().join("verdicts.jsonl");
-    let mut config = xdstap::config::Options::from_flags([
-        "--listen",
-        "127.0.0.1:0",
-        "--upstream",
-        &cp_addr,
-        "--admin",
-        "127.0.0.1:0",
-    ])
-    .unwrap()
-    .resolve()
-    .unwrap();
+    let mut config = support::tap::config("127.0.0.1:0", &cp_addr);
     config.event_log = Some(log.clone());
     let tap = XdsTap::with_config(config, vec![]).await;
     let _envoy = Envoy::start("node-1", Xds::Tcp(tap.tap.addr.clone()), false).await;

@@ -92,6 +92,22 @@ impl Drop for Tap {
 
 /// The tap as `xdstap run` assembles it (the library's [`xdstap::Server`]), with its admin
 /// server on a loopback port; verdicts are read from a recorder.
+/// A tap's config as `xdstap run --listen LISTEN --upstream UPSTREAM --admin 127.0.0.1:0` makes
+/// it, for a test to add to.
+pub fn config(listen: &str, upstream: &str) -> xdstap::config::Config {
+    Options::from_flags([
+        "--listen",
+        listen,
+        "--upstream",
+        upstream,
+        "--admin",
+        "127.0.0.1:0",
+    ])
+    .unwrap()
+    .resolve()
+    .unwrap()
+}
+
 pub struct XdsTap {
     pub tap: Tap,
     /// The observer's counters.
@@ -112,17 +128,7 @@ impl XdsTap {
         options: TapOptions,
         sinks: Vec<Box<dyn xdstap::queue::Sink>>,
     ) -> XdsTap {
-        let mut config = Options::from_flags([
-            "--listen",
-            &options.listen.to_string(),
-            "--upstream",
-            &options.upstream.to_string(),
-            "--admin",
-            "127.0.0.1:0",
-        ])
-        .unwrap()
-        .resolve()
-        .unwrap();
+        let mut config = config(&options.listen.to_string(), &options.upstream.to_string());
         config.tls = options.tls;
         config.upstream_tls = options.upstream_tls;
         config.proxy = options.settings;

@@ -1252,18 +1252,21 @@ fn objects_behind(
         return out;
     }
     let wanted: std::collections::HashSet<&str> = suspects.iter().map(String::as_str).collect();
+    let own: HashMap<&str, &str> = (rejected.iter())
+        .map(|x| (x.name.as_str(), x.reason.as_str()))
+        .collect();
+    // The message's words read once; a rejected resource's own part of it, once each (their
+    // lengths add up to the message's at most).
+    let all = origin::Words::of(message);
     for (i, r) in resources.iter().enumerate() {
-        if !wanted.contains(&*r.name) {
+        if !wanted.contains(&*r.name) || out.len() >= origin::MAX_BEHIND {
             continue;
         }
-        let own =
-            (rejected.iter().find(|x| x.name == r.name)).map_or(message, |x| x.reason.as_str());
-        origin::behind(
-            &r.name,
-            resources.origins_of(i).map(|o| &**o),
-            own,
-            &mut out,
-        );
+        let origins = resources.origins_of(i).map(|o| &**o);
+        match own.get(&*r.name) {
+            Some(reason) => origin::behind(&r.name, origins, &origin::Words::of(reason), &mut out),
+            None => origin::behind(&r.name, origins, &all, &mut out),
+        }
     }
     // A part the message names in one resource outweighs every object of the others.
     if out.iter().any(|o| o.named) {

@@ -104,9 +104,11 @@ impl Admin {
         let mut held = self.fleet.lock().await;
         let fresh = held.as_ref().is_some_and(|(at, _)| at.elapsed() < RESOLVE_PEERS);
         if !fresh {
-            match Fleet::resolve(&self.peers).await {
-                Ok(f) => *held = Some((std::time::Instant::now(), f)),
-                Err(e) => tracing::warn!(error = %e, "admin.peers: cannot resolve"),
+            // A name server that does not answer holds up no page for long.
+            match tokio::time::timeout(PEER_TIMEOUT, Fleet::resolve(&self.peers)).await {
+                Ok(Ok(f)) => *held = Some((std::time::Instant::now(), f)),
+                Ok(Err(e)) => tracing::warn!(error = %e, "admin.peers: cannot resolve"),
+                Err(_) => tracing::warn!("admin.peers: no name resolved within {PEER_TIMEOUT:?}"),
             }
         }
         let request = StatusRequest {

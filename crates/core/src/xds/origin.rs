@@ -175,14 +175,41 @@ pub struct Origin {
     pub named: bool,
 }
 
+/// The names a client's message holds as whole words (a name ends where a character that no
+/// name has stands: a space, a quote, a comma, a bracket; a trailing `:` or `.` is punctuation),
+/// read once so that looking up each part of a large push costs one lookup, not a search of the
+/// message.
+pub struct Words<'a>(std::collections::HashSet<&'a str>);
+
+impl<'a> Words<'a> {
+    /// The words of `message`.
+    pub fn of(message: &'a str) -> Words<'a> {
+        let in_name = |c: char| c.is_alphanumeric() || "-_.|*:/".contains(c);
+        let mut words = std::collections::HashSet::new();
+        for word in message
+            .split(|c: char| !in_name(c))
+            .filter(|w| !w.is_empty())
+        {
+            words.insert(word);
+            words.insert(word.trim_end_matches([':', '.']));
+        }
+        Words(words)
+    }
+
+    /// Whether `name` is one of them.
+    pub fn contain(&self, name: &str) -> bool {
+        !name.is_empty() && self.0.contains(name)
+    }
+}
+
 /// The objects behind a rejection of `resource` (whose parts are `origins`, if any) with the
-/// client's `message`: the parts the message names, else all of them; each object once.
-pub fn behind(resource: &str, origins: Option<&Origins>, message: &str, out: &mut Vec<Origin>) {
+/// client's message (its `words`): the parts the message names, else all of them; each object
+/// once. One lookup per name of a part.
+pub fn behind(resource: &str, origins: Option<&Origins>, words: &Words<'_>, out: &mut Vec<Origin>) {
     let Some(origins) = origins else { return };
     let named = |p: &Part| {
         p.kind != PartKind::Resource
-            && ((!p.name.is_empty() && mentions(message, &p.name))
-                || p.refs.iter().any(|r| mentions(message, r)))
+            && (words.contain(&p.name) || p.refs.iter().any(|r| words.contain(r)))
     };
     let any_named = origins.parts.iter().any(named);
     for p in origins.parts.iter().filter(|p| !any_named || named(p)) {
@@ -209,16 +236,6 @@ pub fn behind(resource: &str, origins: Option<&Origins>, message: &str, out: &mu
             });
         }
     }
-}
-
-/// Whether `message` holds `name` as a whole word: not inside a longer name.
-fn mentions(message: &str, name: &str) -> bool {
-    let in_name = |c: char| c.is_alphanumeric() || "-_.|*:/".contains(c);
-    message.match_indices(name).any(|(i, _)| {
-        let before = message[..i].chars().next_back();
-        let after = message[i + name.len()..].chars().next();
-        !before.is_some_and(in_name) && !after.is_some_and(|c| in_name(c) && c != ':')
-    })
 }
 
 /// Which metadata a filter key holds, when it is one read.
@@ -696,6 +713,9 @@ mod tests {
 
     #[test]
     fn a_message_names_parts_as_whole_words() {
+        let mentions = |message: &str, name: &str| Words::of(message).contain(name);
+        assert!(mentions("cluster(s) b: bad", "b") && mentions("in route r.", "r"));
+        assert!(!mentions("anything", ""));
         assert!(mentions("route: unknown cluster 'b'", "b"));
         assert!(!mentions("route: unknown cluster 'ab'", "b"));
         assert!(mentions(
@@ -741,7 +761,7 @@ mod tests {
         behind(
             "rc",
             Some(&origins),
-            "route: unknown cluster 'missing'",
+            &Words::of("route: unknown cluster 'missing'"),
             &mut out,
         );
         let names: Vec<_> = out
@@ -750,11 +770,11 @@ mod tests {
             .collect();
         assert_eq!(names, [("vs-b", "route r2", true)]);
         out.clear();
-        behind("rc", Some(&origins), "something else", &mut out);
+        behind("rc", Some(&origins), &Words::of("something else"), &mut out);
         assert_eq!(out.len(), 2);
         assert!(out.iter().all(|o| !o.named));
         out.clear();
-        behind("rc", None, "anything", &mut out);
+        behind("rc", None, &Words::of("anything"), &mut out);
         assert!(out.is_empty());
     }
 }

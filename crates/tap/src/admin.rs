@@ -149,7 +149,13 @@ impl Admin {
                     }
                 }
             }
-            None => Vec::new(),
+            // Never resolved: each peer is named as not answering, never left out.
+            None => (self.peers.iter())
+                .map(|p| {
+                    let why = "its name did not resolve".to_string();
+                    (p.clone(), Err(AskError::Connect { admin: p.clone(), why }))
+                })
+                .collect(),
         };
         let mut answers = vec![(self.name.clone(), local)];
         let mut taps = vec![TapAnswer {

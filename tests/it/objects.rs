@@ -375,11 +375,15 @@ async fn each_nack_names_the_objects_behind_it() {
         "Gateway envoy-gateway-system/eg section https",
     ];
     stage.check("v4", "RDS", &listeners).await;
+    // v4's clusters are all good again: the CDS NACK of v3 is answered by an ACK.
+    stage.answered("v4", "CDS", "ack").await;
     stage.rejected_now(&listeners).await;
 
+    // v5 changes the routes only. Its clusters mean what v4's did, so the control plane may
+    // or may not push them again (a Struct's keys are encoded in a map's random order, so the
+    // same metadata can be other bytes): only the routes' answer is waited for.
     stage.cp.set(snapshot("v5", Breaks::Nothing));
     stage.answered("v5", "RDS", "ack").await;
-    stage.answered("v5", "CDS", "ack").await;
     stage.rejected_now(&[]).await;
     stage.tap.close().await;
 }

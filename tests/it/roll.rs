@@ -37,6 +37,8 @@ fn snapshot(version: u32) -> Snapshot {
 struct TapProcess {
     child: support::Child,
     admin: String,
+    /// What it wrote to stderr, shown if it never becomes ready.
+    stderr: PathBuf,
 }
 
 impl TapProcess {
@@ -61,13 +63,14 @@ impl TapProcess {
                 ])
                 .arg(log)
                 .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
+                .stderr(std::fs::File::create(log.with_extension("stderr")).unwrap())
                 .spawn()
                 .unwrap(),
         );
         let tap = TapProcess {
             child,
             admin: admin.into(),
+            stderr: log.with_extension("stderr"),
         };
         tap.ready().await;
         tap
@@ -95,7 +98,11 @@ impl TapProcess {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        panic!("the tap at {} never became ready", self.admin);
+        panic!(
+            "the tap at {} never became ready; it wrote:\n{}",
+            self.admin,
+            std::fs::read_to_string(&self.stderr).unwrap_or_default()
+        );
     }
 
     /// SIGTERM, and waits for the process to exit.

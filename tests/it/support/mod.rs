@@ -211,10 +211,35 @@ impl Lines {
     }
 }
 
-/// A loopback address with a port free a moment ago, for a process the test starts.
+/// A loopback address with a port free a moment ago, for a process the test starts (or starts
+/// again) on it. The port is below the kernel's ephemeral range, so no connection that some
+/// other test opens meanwhile can take it as its local port, and no two calls in this process
+/// give the same one.
 pub fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    // Ports from low - SPAN up to low, starting where this process's id points, so two test
+    // processes start apart.
+    const SPAN: u32 = 8192;
+    let base = low.saturating_sub(SPAN).clamp(1024.min(low), low);
+    let span = low - base;
+    if span == 0 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        return l.local_addr().unwrap().to_string();
+    }
+    let start = std::process::id() % span;
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let addr = format!("127.0.0.1:{}", base + (start + n) % span);
+        if std::net::TcpListener::bind(&addr).is_ok() {
+            return addr;
+        }
+    }
+    panic!("no free port between {base} and {low}");
 }
 
 /// GET `path` from an HTTP/1.1 server at `addr` (the tap's admin server): (status, body).

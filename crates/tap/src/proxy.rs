@@ -437,8 +437,8 @@ impl Throttled {
     pub(crate) fn note(&mut self, detail: &dyn std::fmt::Display) {
         self.since_log += 1;
         if self.logged.is_none_or(|at| at.elapsed() >= Self::EVERY) {
-            tracing::warn!(detail = %detail, times = self.since_log, "{}", self.what);
             self.logged = Some(std::time::Instant::now());
+            tracing::warn!(detail = %detail, times = self.since_log, "{}", self.what);
             self.since_log = 0;
         }
     }

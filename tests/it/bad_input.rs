@@ -353,7 +353,8 @@ async fn envoy_through(cp: &Scripted, listen: &str, node: &str) -> support::envo
     envoy
 }
 
-/// Pushes version `round` to every stream and returns how long the answer took.
+/// Pushes version `round` to every stream and returns how long the answer took: from the push
+/// to when the control plane read the answer (not when this test, polling, saw it).
 async fn push_answered_in(cp: &Scripted, round: i64) -> Duration {
     use support::resources::{static_cluster, CDS};
     let nonce = format!("p{round}");
@@ -366,11 +367,11 @@ async fn push_answered_in(cp: &Scripted, round: i64) -> Duration {
         vec![cluster],
     )])
     .await;
-    support::eventually(10, "Envoy's answer", || {
+    let answer = support::eventually(10, "Envoy's answer", || {
         cp.answers_to(&nonce).first().cloned()
     })
     .await;
-    t0.elapsed()
+    answer.at.saturating_duration_since(t0)
 }
 
 fn scripted() -> Scripted {

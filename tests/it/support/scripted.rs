@@ -25,6 +25,8 @@ pub struct Answer {
     pub version_info: String,
     pub response_nonce: String,
     pub error: Option<String>,
+    /// When the control plane read it.
+    pub at: std::time::Instant,
 }
 
 #[derive(Default)]
@@ -190,6 +192,7 @@ impl AggregatedDiscoveryService for Scripted {
                         version_info: req.version_info.clone(),
                         response_nonce: req.response_nonce.clone(),
                         error: req.error_detail.as_ref().map(|e| e.message.clone()),
+                        at: std::time::Instant::now(),
                     });
                     if seen.contains(&req.type_url) {
                         None
@@ -228,6 +231,7 @@ impl AggregatedDiscoveryService for Scripted {
                         version_info: String::new(),
                         response_nonce: req.response_nonce.clone(),
                         error: req.error_detail.as_ref().map(|e| e.message.clone()),
+                        at: std::time::Instant::now(),
                     });
                     if seen.contains(&req.type_url) {
                         None

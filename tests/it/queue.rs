@@ -89,10 +89,17 @@ async fn a_full_event_queue_drops_and_counts_and_forwarding_goes_on() {
         "the metric is the counter"
     );
 
-    // Let go: the queued events arrive, and a new version's verdict with them.
+    // Let go: the queued events arrive (all of them: the count settles once the queue is
+    // empty, nothing else coming), then a new version's, its verdict with them.
     *gate.0.lock().unwrap() = true;
     gate.1.notify_all();
-    let before = seen.load(Ordering::Relaxed);
+    let delivered = support::eventually_async(20, "the queued events delivered", || async {
+        let before = seen.load(Ordering::Relaxed);
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let now = seen.load(Ordering::Relaxed);
+        (now > 0 && now == before).then_some(now)
+    })
+    .await;
     cp.set(Snapshot::standard("v21", 1021, 1000, 9));
     support::eventually(20, "the verdict on v21", || {
         (tap.verdicts().iter())
@@ -101,7 +108,7 @@ async fn a_full_event_queue_drops_and_counts_and_forwarding_goes_on() {
     })
     .await;
     support::eventually(10, "events flowing again", || {
-        (seen.load(Ordering::Relaxed) > before).then_some(())
+        (seen.load(Ordering::Relaxed) > delivered).then_some(())
     })
     .await;
     assert_eq!(

@@ -71,17 +71,7 @@ async fn tap_to_scripted(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let upstream = listener.local_addr().unwrap().to_string();
     let server = cp.serve(listener);
-    let mut config = xdstap::config::Options::from_flags([
-        "--listen",
-        "127.0.0.1:0",
-        "--upstream",
-        &upstream,
-        "--admin",
-        "127.0.0.1:0",
-    ])
-    .unwrap()
-    .resolve()
-    .unwrap();
+    let mut config = support::tap::config("127.0.0.1:0", &upstream);
     config.proxy.shutdown_grace = grace;
     config.spans = Some(SpanSettings {
         endpoint: Some(receiver.endpoint.clone()),

@@ -12,7 +12,6 @@ use support::control_plane::ControlPlane;
 use support::envoy::{Envoy, Xds};
 use support::resources::Snapshot;
 use support::tap::XdsTap;
-use xdstap::config::Options;
 use xdstap::correlate::Event;
 
 /// A sink that waits at each event until the gate opens, counting what it is given.
@@ -44,19 +43,8 @@ async fn a_full_event_queue_drops_and_counts_and_forwarding_goes_on() {
         gate: gate.clone(),
         seen: seen.clone(),
     };
-    let config = Options::from_flags([
-        "--listen",
-        "127.0.0.1:0",
-        "--upstream",
-        &cp_addr,
-        "--admin",
-        "127.0.0.1:0",
-        "--event-queue",
-        "16",
-    ])
-    .unwrap()
-    .resolve()
-    .unwrap();
+    let mut config = support::tap::config("127.0.0.1:0", &cp_addr);
+    config.event_queue = 16;
     let tap = XdsTap::with_config(config, vec![Box::new(held)]).await;
     let envoy = Envoy::start("node-1", Xds::Tcp(tap.tap.addr.clone()), false).await;
     envoy

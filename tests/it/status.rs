@@ -13,7 +13,6 @@ use support::http_get as get;
 use support::resources::{Snapshot, CDS};
 use support::tap::XdsTap;
 use xdstap::api::v1::{StatusReport, SyncState};
-use xdstap::config::Options;
 use xdstap::views::board::StatusSettings;
 
 /// The tap as `xdstap run` assembles it, its admin server on a loopback port.
@@ -23,17 +22,7 @@ struct Monitored {
 }
 
 async fn monitored(upstream: &str, settings: StatusSettings) -> Monitored {
-    let mut config = Options::from_flags([
-        "--listen",
-        "127.0.0.1:0",
-        "--upstream",
-        upstream,
-        "--admin",
-        "127.0.0.1:0",
-    ])
-    .unwrap()
-    .resolve()
-    .unwrap();
+    let mut config = support::tap::config("127.0.0.1:0", upstream);
     config.admin.as_mut().unwrap().status = settings;
     let tap = XdsTap::with_config(config, vec![]).await;
     Monitored {

@@ -222,15 +222,13 @@ pub fn free_addr() -> String {
         .ok()
         .and_then(|r| r.split_whitespace().next()?.parse().ok())
         .unwrap_or(32768);
-    // Ports from low - SPAN up to low, starting where this process's id points, so two test
-    // processes start apart.
-    const SPAN: u32 = 8192;
-    let base = low.saturating_sub(SPAN).clamp(1024.min(low), low);
-    let span = low - base;
-    if span == 0 {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        return l.local_addr().unwrap().to_string();
-    }
+    // The 8,192 ports below the range (none under 1024), starting where this process's id
+    // points, so that two test binaries start apart.
+    let base = low.saturating_sub(8192).max(1024);
+    let span = low
+        .checked_sub(base)
+        .filter(|s| *s > 0)
+        .expect("an ephemeral range above 1024");
     let start = std::process::id() % span;
     for _ in 0..span {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);

@@ -903,3 +903,61 @@ async fn a_subscription_never_answered_turns_stale() {
     );
     m.tap.close().await;
 }
+
+/// A tier's `/status` with a peer that accepts and never answers: the peer is named as not
+/// answering, and four callers at once have their answers about when one alone has it (one ask
+/// of the peers, shared by whoever waited for it), not one wait after another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_at_once_share_one_wait_for_a_mute_peer() {
+    let mute = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let peer = mute.local_addr().unwrap().to_string();
+    let _mute = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = mute.accept().await {
+            held.push(s);
+        }
+    });
+    let (_cp, cp_addr, _server) =
+        ControlPlane::listening(Snapshot::standard("v1", 1000, 1000, 9)).await;
+    let flags = [
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream",
+        &cp_addr,
+        "--admin",
+        "127.0.0.1:0",
+        "--admin-peers",
+        &peer,
+    ];
+    let tap = XdsTap::with_flags(&flags).await;
+    let ask = |admin: String, peer: String| async move {
+        let t0 = std::time::Instant::now();
+        let (code, body) = get(&admin, "/status").await;
+        let took = t0.elapsed();
+        assert_eq!(code, 200, "{body}");
+        let report: StatusReport = serde_json::from_str(&body).unwrap();
+        let named = (report.taps.iter()).find(|t| t.admin == peer);
+        assert!(
+            named.is_some_and(|t| !t.error.is_empty()),
+            "the mute peer is named as not answering: {:?}",
+            report.taps
+        );
+        took
+    };
+    let alone = ask(tap.admin.clone(), peer.clone()).await;
+    assert!(alone >= Duration::from_secs(1), "the peer was waited for");
+    let mut at_once = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        at_once.spawn(ask(tap.admin.clone(), peer.clone()));
+    }
+    let mut slowest = Duration::ZERO;
+    while let Some(took) = at_once.join_next().await {
+        slowest = slowest.max(took.unwrap());
+    }
+    eprintln!("/status with a mute peer: {alone:?} alone, the slowest of four at once {slowest:?}");
+    assert!(
+        slowest < alone * 2,
+        "four callers took up to {slowest:?}, one alone {alone:?}"
+    );
+    tap.close().await;
+}

@@ -63,9 +63,23 @@ pub struct Admin {
     pub instance: String,
     /// The tier's other taps, asked by `/status` (none: this tap only).
     pub peers: Vec<String>,
-    /// Them resolved and connected, and when they were resolved.
-    pub fleet: tokio::sync::Mutex<Option<(std::time::Instant, crate::fanin::Fleet)>>,
+    /// Them resolved and connected, and their last answers.
+    pub fleet: tokio::sync::Mutex<Peers>,
 }
+
+/// The tier's other taps as `/status` asks them: one ask at a time; whoever waited for it shares
+/// its answers, so a peer slow to answer costs every caller one wait, not one wait each.
+#[derive(Default)]
+pub struct Peers {
+    /// Resolved and connected, and when they were resolved.
+    fleet: Option<(std::time::Instant, crate::fanin::Fleet)>,
+    /// The last ask: when it ended, the node it was for, and each peer's answer or why none
+    /// (kept until the next ask: a report per peer).
+    last: Option<(std::time::Instant, Option<String>, PeerAnswers)>,
+}
+
+/// Each peer's status report, or why it gave none.
+type PeerAnswers = Vec<(String, Result<crate::api::v1::StatusReport, String>)>;
 
 /// Peers are resolved again this often (a tier scales).
 const RESOLVE_PEERS: Duration = Duration::from_secs(30);
@@ -95,68 +109,26 @@ impl Admin {
     /// (every node once, each naming its tap; a peer that did not answer named in `taps`).
     /// This tap's own report when it has no peers.
     pub async fn tier_status(&self, node: Option<&str>) -> crate::api::v1::StatusReport {
-        use crate::api::v1::{StatusRequest, TapAnswer};
-        use crate::fanin::{AskError, Fleet};
+        use crate::api::v1::TapAnswer;
+        let arrived = std::time::Instant::now();
         let local = self.local_status(node);
         if self.peers.is_empty() {
             return local;
         }
         let mut held = self.fleet.lock().await;
-        let fresh = held.as_ref().is_some_and(|(at, _)| at.elapsed() < RESOLVE_PEERS);
-        if !fresh {
-            // A name server that does not answer holds up no page for long.
-            match tokio::time::timeout(PEER_TIMEOUT, Fleet::resolve(&self.peers)).await {
-                Ok(Ok(f)) => *held = Some((std::time::Instant::now(), f)),
-                Ok(Err(e)) => tracing::warn!(error = %e, "admin.peers: cannot resolve"),
-                Err(_) => tracing::warn!("admin.peers: no name resolved within {PEER_TIMEOUT:?}"),
+        let asked = match &held.last {
+            // An ask that ended after this call came: its answers are as new as this one's.
+            Some((at, of, answers)) if *at >= arrived && of.as_deref() == node => {
+                answers.clone()
             }
-        }
-        let request = StatusRequest {
-            node: node.unwrap_or("").to_string(),
-        };
-        let asked = match held.as_mut() {
-            Some((_, fleet)) => {
-                let ask = fleet.ask(move |mut tap| {
-                    let request = request.clone();
-                    async move {
-                        let call = tap.client.status(request);
-                        match tokio::time::timeout(PEER_TIMEOUT, call).await {
-                            Ok(Ok(r)) => Ok(r.into_inner()),
-                            // A peer that does not know the node answered: it has none.
-                            Ok(Err(e)) if e.code() == tonic::Code::NotFound => {
-                                Ok(Default::default())
-                            }
-                            Ok(Err(e)) => Err(tap.failed(e)),
-                            Err(_) => Err(tap.failed(tonic::Status::unavailable(format!(
-                                "no answer within {PEER_TIMEOUT:?}"
-                            )))),
-                        }
-                    }
-                });
-                // Each call is bounded; this bounds the dialling too (an address that drops
-                // packets takes the whole connect timeout).
-                match tokio::time::timeout(PEER_TIMEOUT * 4, ask).await {
-                    Ok(answers) => answers,
-                    Err(_) => {
-                        // The ask was dropped with its connections: dial again next time.
-                        *held = None;
-                        (self.peers.iter())
-                            .map(|p| {
-                                let why = format!("no answer within {:?}", PEER_TIMEOUT * 4);
-                                (p.clone(), Err(AskError::Connect { admin: p.clone(), why }))
-                            })
-                            .collect()
-                    }
-                }
+            _ => {
+                let answers = self.ask_peers(&mut held, node).await;
+                let now = std::time::Instant::now();
+                held.last = Some((now, node.map(str::to_string), answers.clone()));
+                answers
             }
-            // Never resolved: each peer is named as not answering, never left out.
-            None => (self.peers.iter())
-                .map(|p| {
-                    let why = "its name did not resolve".to_string();
-                    (p.clone(), Err(AskError::Connect { admin: p.clone(), why }))
-                })
-                .collect(),
         };
+        drop(held);
         let mut answers = vec![(self.name.clone(), local)];
         let mut taps = vec![TapAnswer {
             admin: self.name.clone(),
@@ -173,16 +145,71 @@ impl Admin {
                     });
                     answers.push((admin, r));
                 }
-                Err(e) => taps.push(TapAnswer {
-                    admin,
-                    error: e.to_string(),
-                }),
+                Err(error) => taps.push(TapAnswer { admin, error }),
             }
         }
-        drop(held);
         let mut merged = crate::fanin::status(answers, taps);
         merged.instance = self.instance.clone();
         merged
+    }
+
+    /// Asks every peer for its status report (of `node` only, when given), resolving them
+    /// first when not resolved lately; each peer named, never left out.
+    async fn ask_peers(&self, held: &mut Peers, node: Option<&str>) -> PeerAnswers {
+        use crate::api::v1::StatusRequest;
+        use crate::fanin::{AskError, Fleet};
+        let fresh = (held.fleet.as_ref()).is_some_and(|(at, _)| at.elapsed() < RESOLVE_PEERS);
+        if !fresh {
+            // A name server that does not answer holds up no page for long.
+            match tokio::time::timeout(PEER_TIMEOUT, Fleet::resolve(&self.peers)).await {
+                Ok(Ok(f)) => held.fleet = Some((std::time::Instant::now(), f)),
+                Ok(Err(e)) => tracing::warn!(error = %e, "admin.peers: cannot resolve"),
+                Err(_) => tracing::warn!("admin.peers: no name resolved within {PEER_TIMEOUT:?}"),
+            }
+        }
+        let none = |why: String| -> PeerAnswers {
+            (self.peers.iter())
+                .map(|p| {
+                    let admin = p.clone();
+                    let why = why.clone();
+                    (p.clone(), Err(AskError::Connect { admin, why }.to_string()))
+                })
+                .collect()
+        };
+        // Never resolved: each peer is named as not answering.
+        let Some((_, fleet)) = held.fleet.as_mut() else {
+            return none("its name did not resolve".into());
+        };
+        let request = StatusRequest {
+            node: node.unwrap_or("").to_string(),
+        };
+        let ask = fleet.ask(move |mut tap| {
+            let request = request.clone();
+            async move {
+                let call = tap.client.status(request);
+                match tokio::time::timeout(PEER_TIMEOUT, call).await {
+                    Ok(Ok(r)) => Ok(r.into_inner()),
+                    // A peer that does not know the node answered: it has none.
+                    Ok(Err(e)) if e.code() == tonic::Code::NotFound => Ok(Default::default()),
+                    Ok(Err(e)) => Err(tap.failed(e)),
+                    Err(_) => Err(tap.failed(tonic::Status::unavailable(format!(
+                        "no answer within {PEER_TIMEOUT:?}"
+                    )))),
+                }
+            }
+        });
+        // Each call is bounded; this bounds the dialling too (an address that drops packets
+        // takes the whole connect timeout).
+        match tokio::time::timeout(PEER_TIMEOUT * 4, ask).await {
+            Ok(answers) => (answers.into_iter())
+                .map(|(admin, a)| (admin, a.map_err(|e| e.to_string())))
+                .collect(),
+            Err(_) => {
+                // The ask was dropped with its connections: dial again next time.
+                held.fleet = None;
+                none(format!("no answer within {:?}", PEER_TIMEOUT * 4))
+            }
+        }
     }
 
     /// The rollouts `ask` asks for, each named by its trace when spans share one per version.

@@ -181,11 +181,10 @@ impl Fleet {
         let mut taps: Vec<Tap> = Vec::new();
         let mut add = |admin: String, endpoint: Result<Endpoint, String>| {
             if !taps.iter().any(|t| t.admin == admin) {
-                let client = None;
                 taps.push(Tap {
                     admin,
                     endpoint,
-                    client,
+                    client: None,
                 });
             }
         };
@@ -210,6 +209,7 @@ impl Fleet {
                 Err(e) => add(admin.to_string(), Err(format!("cannot resolve it: {e}"))),
                 Ok(found) => {
                     let mut found: Vec<std::net::SocketAddr> = found.collect();
+                    found.sort();
                     found.dedup();
                     match found.len() {
                         0 => add(admin.to_string(), Err("it resolves to no address".into())),

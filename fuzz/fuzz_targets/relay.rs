@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
 use xdstap::proxy::{
-    Direction, Headers, ConnectionReader, Observe, ProxyStats, StreamEnd, StreamInfo, StreamObserver,
-    PREFACE,
+    ConnectionReader, Direction, Headers, Observe, ProxyStats, StreamEnd, StreamInfo,
+    StreamObserver, PREFACE,
 };
 
 /// Streams opened and ended, by observer.
@@ -52,7 +52,11 @@ fuzz_target!(|data: &[u8]| {
     };
     // Half the bytes each way; the client's start with the preface, most of the time.
     let (a, b) = rest.split_at(rest.len() / 2);
-    let mut client = if knobs & 1 == 0 { PREFACE.to_vec() } else { Vec::new() };
+    let mut client = if knobs & 1 == 0 {
+        PREFACE.to_vec()
+    } else {
+        Vec::new()
+    };
     client.extend_from_slice(a);
     let sides = [Bytes::from(client), Bytes::copy_from_slice(b)];
     let piece = 1 + (knobs as usize >> 1) % 97;
@@ -70,7 +74,10 @@ fuzz_target!(|data: &[u8]| {
     let mut pos = [0usize; 2];
     let mut round = 0;
     while pos[0] < sides[0].len() || pos[1] < sides[1].len() {
-        for (d, direction) in [Direction::Request, Direction::Response].into_iter().enumerate() {
+        for (d, direction) in [Direction::Request, Direction::Response]
+            .into_iter()
+            .enumerate()
+        {
             let end = (pos[d] + piece + round % 7).min(sides[d].len());
             if end > pos[d] {
                 seen.pass(direction, sides[d].slice(pos[d]..end), &mut out[d]);
@@ -94,7 +101,11 @@ fuzz_target!(|data: &[u8]| {
             .filter(|p| !p.is_empty())
             .partition(|p| range.contains(&(p.as_ptr() as usize)));
         let written: Vec<u8> = read.iter().flat_map(|p| p.iter().copied()).collect();
-        assert_eq!(&written[..], &side[..], "the bytes written are the bytes read");
+        assert_eq!(
+            &written[..],
+            &side[..],
+            "the bytes written are the bytes read"
+        );
         match d {
             0 => assert!(injected.is_empty(), "nothing added toward the upstream"),
             _ => assert!(injected.len() <= 1, "one GOAWAY at most"),

@@ -5,10 +5,10 @@
 //! `application/grpc`): the tap's own API, `xdstap.v1.Tap` ([`api`]), and CSDS ([`csds`]).
 //! Read-only: nothing here changes what the tap does.
 
-pub mod service;
 pub mod csds;
 pub mod page;
 pub mod ready;
+pub mod service;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -25,10 +25,10 @@ use tonic::codegen::Service;
 
 use crate::api::csds::client_status_discovery_service_server::ClientStatusDiscoveryServiceServer;
 use crate::api::v1::tap_server::TapServer;
+use crate::proxy::{Endpoint, Listener};
 use crate::views::board::StatusBoard;
 use crate::views::rollout::Rollouts;
 use crate::views::watch::Watchers;
-use crate::proxy::{Endpoint, Listener};
 
 /// HTTP/1.1: a request's headers must arrive within this, and an idle kept-alive connection
 /// closes after it.
@@ -118,9 +118,7 @@ impl Admin {
         let mut held = self.fleet.lock().await;
         let asked = match &held.last {
             // An ask that ended after this call came: its answers are as new as this one's.
-            Some((at, of, answers)) if *at >= arrived && of.as_deref() == node => {
-                answers.clone()
-            }
+            Some((at, of, answers)) if *at >= arrived && of.as_deref() == node => answers.clone(),
             _ => {
                 let answers = self.ask_peers(&mut held, node).await;
                 let now = std::time::Instant::now();
@@ -376,11 +374,18 @@ async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Body> {
             crate::outputs::metrics::render(&admin.registry),
         ),
         "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n"),
-        "/readyz" if admin.proxy.draining.load(std::sync::atomic::Ordering::Relaxed) => reply(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "text/plain",
-            "draining: shutting down, send new clients elsewhere\n",
-        ),
+        "/readyz"
+            if admin
+                .proxy
+                .draining
+                .load(std::sync::atomic::Ordering::Relaxed) =>
+        {
+            reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                "draining: shutting down, send new clients elsewhere\n",
+            )
+        }
         "/readyz" => match admin.ready.check().await {
             Ok(()) => reply(StatusCode::OK, "text/plain", "ready\n"),
             Err(e) => reply(

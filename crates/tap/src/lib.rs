@@ -80,26 +80,33 @@ pub mod fanin;
 pub mod proxy;
 pub mod server;
 
-/// Modules the public API does not need: public with the `internals` feature (the crate's own
-/// tests, benches and fuzz targets turn it on; no stability is promised), private without.
-macro_rules! internal {
-    ($($(#[$doc:meta])* $name:ident;)*) => {$(
-        $(#[$doc])*
-        #[cfg(feature = "internals")]
-        pub mod $name;
-        #[cfg(not(feature = "internals"))]
-        mod $name;
-    )*};
-}
-
-internal! {
-    admin;
-    observer;
-    outputs;
-    queue;
-    record;
-    views;
-}
+// Modules the public API does not need: public with the `internals` feature (the crate's own
+// tests, benches and fuzz targets turn it on; no stability is promised), private without.
+// Declared one by one, not by a macro, so that rustfmt sees (and formats) every one.
+#[cfg(feature = "internals")]
+pub mod admin;
+#[cfg(not(feature = "internals"))]
+mod admin;
+#[cfg(feature = "internals")]
+pub mod observer;
+#[cfg(not(feature = "internals"))]
+mod observer;
+#[cfg(feature = "internals")]
+pub mod outputs;
+#[cfg(not(feature = "internals"))]
+mod outputs;
+#[cfg(feature = "internals")]
+pub mod queue;
+#[cfg(not(feature = "internals"))]
+mod queue;
+#[cfg(feature = "internals")]
+pub mod record;
+#[cfg(not(feature = "internals"))]
+mod record;
+#[cfg(feature = "internals")]
+pub mod views;
+#[cfg(not(feature = "internals"))]
+mod views;
 
 // The core (xdstap-core: framing, decoding, correlation), where the rest of the crate finds it.
 #[cfg(feature = "internals")]

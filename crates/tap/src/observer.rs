@@ -11,8 +11,8 @@ use bytes::Bytes;
 
 use crate::correlate::{Correlator, Event, Ledger, StreamContext, Timestamp};
 use crate::grpc::{Deframer, Part};
-use crate::queue::EventSender;
 use crate::proxy::{Direction, Headers, Observe, Side, StreamEnd, StreamInfo, StreamObserver};
+use crate::queue::EventSender;
 use crate::xds::decode::{DecodeError, MessageDecoder};
 use crate::xds::scan::MessageKind;
 use crate::xds::{Interner, Message, Method};

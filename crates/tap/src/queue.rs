@@ -127,4 +127,3 @@ impl Sinks {
         let _ = self.done.await;
     }
 }
-

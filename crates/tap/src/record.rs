@@ -11,7 +11,6 @@ use crate::correlate::{Event, Scope, Verdict, VerdictKind};
 use crate::xds::origin::Origin;
 use crate::xds::short_type;
 
-
 /// Who a record is about, as every record names it: the node and the type.
 #[derive(Debug, Clone, Serialize)]
 pub struct Subject {
@@ -271,7 +270,6 @@ impl ResubscribeRecord {
         })
     }
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -20,8 +20,8 @@ use tonic::body::Body;
 
 use super::service::Seat;
 use super::Admin;
-use crate::api::v1::WatchEvent;
 use crate::api::v1::watch_event::Kind;
+use crate::api::v1::WatchEvent;
 use crate::views::watch::bounded;
 
 const INDEX: &str = include_str!("page/index.html");
@@ -43,7 +43,8 @@ pub fn serve(admin: &Admin, path: &str) -> Option<Response<Body>> {
         "/ui/page.js" => file("text/javascript; charset=utf-8", SCRIPT),
         "/ui/page.css" => file("text/css; charset=utf-8", STYLE),
         "/ui/config" => {
-            let config = serde_json::json!({ "trace_url": admin.trace_url.clone().unwrap_or_default() });
+            let config =
+                serde_json::json!({ "trace_url": admin.trace_url.clone().unwrap_or_default() });
             file("application/json", &config.to_string())
         }
         "/events" => events(admin),
@@ -183,9 +184,15 @@ mod tests {
         chunk.push(Err(BroadcastStreamRecvError::Lagged(7)));
         let (verdicts, more) = verdicts_of(chunk);
         let count = |k: Kind| verdicts.iter().filter(|w| w.kind() == k).count();
-        assert_eq!((count(Kind::Nack), count(Kind::Ack)), (BATCH_NACKS, BATCH_OTHERS));
+        assert_eq!(
+            (count(Kind::Nack), count(Kind::Ack)),
+            (BATCH_NACKS, BATCH_OTHERS)
+        );
         assert_eq!(verdicts.len(), 70, "no warming event");
-        assert!(verdicts.windows(2).all(|w| w[0].time <= w[1].time), "in time order");
+        assert!(
+            verdicts.windows(2).all(|w| w[0].time <= w[1].time),
+            "in time order"
+        );
         assert_eq!(more, 50 + 80 + 7);
     }
 }

@@ -29,7 +29,10 @@ pub struct Readiness {
 struct State {
     /// The kept connection: its request handle (dropping it would close the connection) and
     /// the task driving it, which ends when the connection does.
-    kept: Option<(h2::client::SendRequest<bytes::Bytes>, tokio::task::JoinHandle<()>)>,
+    kept: Option<(
+        h2::client::SendRequest<bytes::Bytes>,
+        tokio::task::JoinHandle<()>,
+    )>,
     /// The last answer and when it was given.
     last: Option<(Instant, Result<(), String>)>,
 }
@@ -49,7 +52,11 @@ impl Readiness {
     /// cause.
     pub async fn check(&self) -> Result<(), String> {
         let mut state = self.state.lock().await;
-        if let Some((_, r)) = state.last.as_ref().filter(|(at, _)| at.elapsed() < ANSWER_FOR) {
+        if let Some((_, r)) = state
+            .last
+            .as_ref()
+            .filter(|(at, _)| at.elapsed() < ANSWER_FOR)
+        {
             return r.clone();
         }
         let open = (state.kept.as_ref()).is_some_and(|(_, driver)| !driver.is_finished());
@@ -84,7 +91,13 @@ impl Readiness {
 /// cause read from the first bytes the upstream sent.
 async fn answers(
     connector: &Connector,
-) -> Result<(h2::client::SendRequest<bytes::Bytes>, tokio::task::JoinHandle<()>), String> {
+) -> Result<
+    (
+        h2::client::SendRequest<bytes::Bytes>,
+        tokio::task::JoinHandle<()>,
+    ),
+    String,
+> {
     let io = connector.dial(WITHIN).await.map_err(|e| e.to_string())?;
     let first = Arc::new(Mutex::new(Vec::new()));
     let io = FirstBytes {
@@ -163,7 +176,10 @@ impl AsyncWrite for FirstBytes {
     ) -> Poll<std::io::Result<usize>> {
         std::pin::Pin::new(&mut self.io).poll_write(cx, data)
     }
-    fn poll_flush(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<()>> {
         std::pin::Pin::new(&mut self.io).poll_flush(cx)
     }
     fn poll_shutdown(

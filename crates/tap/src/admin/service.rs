@@ -10,9 +10,9 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
 use super::Admin;
-use crate::api::v1::{self, tap_server};
 use crate::api::type_wanted;
 use crate::api::v1::watch_event::Kind;
+use crate::api::v1::{self, tap_server};
 use crate::views::watch::SHOWN;
 
 /// The service over the admin's views.
@@ -111,8 +111,10 @@ impl Seat {
     pub fn take(seats: &Seats) -> Option<Seat> {
         use std::sync::atomic::Ordering;
         let update = |n: usize| (n < MAX_WATCHERS).then_some(n + 1);
-        (seats.fetch_update(Ordering::AcqRel, Ordering::Acquire, update).ok())
-            .map(|_| Seat(seats.clone()))
+        (seats
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, update)
+            .ok())
+        .map(|_| Seat(seats.clone()))
     }
 }
 

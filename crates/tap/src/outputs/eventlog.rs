@@ -6,9 +6,9 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use crate::record::ResubscribeRecord;
-use crate::queue::{Delivered, Sink};
 use crate::correlate::Event;
+use crate::queue::{Delivered, Sink};
+use crate::record::ResubscribeRecord;
 
 /// Appends one JSON object per verdict to a file.
 pub struct EventLog {

@@ -12,14 +12,14 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use crate::views::board::StatusBoard;
-use crate::api::v1::SyncState;
-use crate::proxy::counter;
 use super::spans::SpanStats;
-use crate::observer::ObserverStats;
-use crate::queue::Sink;
+use crate::api::v1::SyncState;
 use crate::correlate::Event;
+use crate::observer::ObserverStats;
+use crate::proxy::counter;
 use crate::proxy::ProxyStats;
+use crate::queue::Sink;
+use crate::views::board::StatusBoard;
 use crate::xds::short_type;
 
 /// Labels of push metrics.

@@ -26,12 +26,12 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use xxhash_rust::xxh3::{xxh3_128, xxh3_64};
 
+use crate::api::NAMES_CAP;
+use crate::config::UnknownName;
+use crate::correlate::{Event, Scope, Timestamp, VerdictKind};
+use crate::queue::{Delivered, Sink};
 use crate::record::VerdictRecord;
 pub use crate::views::traces::{Grouping, TraceIds};
-use crate::config::UnknownName;
-use crate::api::NAMES_CAP;
-use crate::queue::{Delivered, Sink};
-use crate::correlate::{Event, Scope, Timestamp, VerdictKind};
 
 /// OTLP transport.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,7 +41,6 @@ pub enum Protocol {
     /// OTLP/HTTP with protobuf bodies (4318, `/v1/traces`).
     HttpProtobuf,
 }
-
 
 impl std::str::FromStr for Protocol {
     type Err = UnknownName;
@@ -477,7 +476,10 @@ fn scope(r: &VerdictRecord) -> [(&'static str, Option<Value>); 5] {
         (!all.is_empty()).then(|| strings(&all))
     };
     [
-        ("xds.nack_scope", r.nack_scope.map(|s| Value::from(s.as_str()))),
+        (
+            "xds.nack_scope",
+            r.nack_scope.map(|s| Value::from(s.as_str())),
+        ),
         ("xds.rejected", partial.then(|| strings(&r.rejected))),
         ("xds.applied", partial.then(|| strings(&r.applied))),
         // The objects the rejected resources were made from: `DestinationRule default/r`.

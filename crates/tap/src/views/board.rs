@@ -7,10 +7,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-
 use crate::api::{rfc3339, NAMES_CAP};
-use crate::queue::Sink;
 use crate::correlate::{Event, Push, Timestamp, Verdict};
+use crate::queue::Sink;
 use crate::xds::{short_type, Api};
 
 pub mod resources;
@@ -37,7 +36,6 @@ impl Default for StatusSettings {
         }
     }
 }
-
 
 #[derive(Default)]
 struct TypeEntry {
@@ -188,7 +186,11 @@ impl TypeEntry {
             self.pending = None;
         }
         resources::on_verdict(self, api, push, verdict, decided_at);
-        if self.warming.as_deref().is_some_and(|(n, _)| *n == push.nonce) {
+        if self
+            .warming
+            .as_deref()
+            .is_some_and(|(n, _)| *n == push.nonce)
+        {
             self.warming = None;
         }
         match verdict {

@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex};
 
 use crate::api::rfc3339;
 use crate::api::v1::{self, RolloutReport};
-use crate::queue::Sink;
-use crate::correlate::{Event, Scope, Timestamp, Verdict};
 use crate::api::{group_key, type_wanted};
+use crate::correlate::{Event, Scope, Timestamp, Verdict};
+use crate::queue::Sink;
 use crate::xds::short_type;
 
 /// NACK messages told apart per rollout; past it the rest share one group.
@@ -258,7 +258,9 @@ impl Book {
             Event::Push { .. } => self.on_push(event, settings),
             Event::Verdict { .. } => self.on_verdict(event, settings),
             // A client reconnecting states what it runs: it accepted that version.
-            Event::Resubscribe { context, version, .. } if !version.is_empty() => {
+            Event::Resubscribe {
+                context, version, ..
+            } if !version.is_empty() => {
                 let node = self.intern(&event.node_id(), settings.max_nodes.saturating_mul(2));
                 self.set_running(&node, &context.type_url, version, settings.max_nodes);
                 if let Some(e) =

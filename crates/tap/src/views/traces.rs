@@ -67,10 +67,7 @@ impl TraceIds {
             Grouping::Version if !version.is_empty() => {
                 format!("version\0{}\0{}", self.control_plane_id, version)
             }
-            _ => format!(
-                "push\0{}\0{stream}\0{type_url}\0{nonce}",
-                self.instance
-            ),
+            _ => format!("push\0{}\0{stream}\0{type_url}\0{nonce}", self.instance),
         };
         TraceId::from(xxh3_128(key.as_bytes()).max(1))
     }
@@ -81,4 +78,3 @@ impl TraceIds {
             .then(|| self.of(version, 0, "", ""))
     }
 }
-

@@ -11,13 +11,13 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::broadcast;
 
-use crate::api::{rfc3339, NAMES_CAP};
-use crate::views::traces::TraceIds;
-use crate::queue::{Delivered, Sink};
-use crate::record::VerdictRecord;
 use crate::api::v1::watch_event::{self, Kind};
 use crate::api::v1::{NackScope, WatchEvent};
+use crate::api::{rfc3339, NAMES_CAP};
 use crate::correlate::{Event, Verdict, VerdictKind};
+use crate::queue::{Delivered, Sink};
+use crate::record::VerdictRecord;
+use crate::views::traces::TraceIds;
 use crate::xds::short_type;
 
 /// Events held for the slowest watcher before it starts missing them.
@@ -132,7 +132,10 @@ fn from_record(r: &VerdictRecord, traces: Option<&TraceIds>) -> WatchEvent {
         _ => watch_event::Api::Unspecified,
     };
     let nack_scope = r.nack_scope.map_or(NackScope::Unspecified, NackScope::from);
-    let trace_id = traces.map(|t| t.of(&r.version, r.stream, &r.subject.type_url, &r.nonce).to_string());
+    let trace_id = traces.map(|t| {
+        t.of(&r.version, r.stream, &r.subject.type_url, &r.nonce)
+            .to_string()
+    });
     WatchEvent {
         time: r.time.clone(),
         node: r.subject.node.clone(),

@@ -66,7 +66,11 @@ impl Requested {
                 context,
                 names,
                 unsubscribed,
-            } => (names, &unsubscribed[..], context.stream.api != Some(Api::Delta)),
+            } => (
+                names,
+                &unsubscribed[..],
+                context.stream.api != Some(Api::Delta),
+            ),
             _ => return,
         };
         if whole {

@@ -167,7 +167,14 @@ fn who_acked_who_nacked_and_who_was_never_pushed() {
     assert_eq!(view.report(15 * S, &of_type("cds")).rollouts.len(), 2);
     // Every node, acked ones too, with its answer's latency and its NACK group.
     let nodes: Vec<(&str, &str, Option<f64>, u32)> = (r.nodes.iter())
-        .map(|n| (n.node.as_str(), n.state().label(), n.latency_ms, n.nack_group))
+        .map(|n| {
+            (
+                n.node.as_str(),
+                n.state().label(),
+                n.latency_ms,
+                n.nack_group,
+            )
+        })
         .collect();
     assert_eq!(
         nodes,
@@ -186,7 +193,9 @@ fn who_acked_who_nacked_and_who_was_never_pushed() {
     b.answer("v3", "3", None, 17 * S);
     let r = one(&view, 18 * S, "v2");
     assert_eq!((r.nacked, r.moved_on), (2, 1));
-    assert!(view.report(18 * S, &Default::default()).rollouts[0].nodes.is_empty());
+    assert!(view.report(18 * S, &Default::default()).rollouts[0]
+        .nodes
+        .is_empty());
 }
 
 #[test]
@@ -250,9 +259,12 @@ fn versions_are_bounded_and_their_strings_go_with_them() {
             c.answer(&version, &nonce, None, v * S + 1);
         }
     }
-    let versions: Vec<String> = (view.report(10 * S, &Default::default()).rollouts.into_iter())
-        .map(|r| r.version)
-        .collect();
+    let versions: Vec<String> = (view
+        .report(10 * S, &Default::default())
+        .rollouts
+        .into_iter())
+    .map(|r| r.version)
+    .collect();
     assert_eq!(versions, ["v9", "v8", "v7"]);
     let book = view.lock();
     // Four node ids, one type URL, and the versions still held (kept or running).

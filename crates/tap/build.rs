@@ -1,4 +1,4 @@
-//! Generates the gRPC code of `proto/` (the tap's own API, and the CSDS subset it serves) with
+//! Generates the gRPC code of the workspace's `proto/` (the tap's own API, and the CSDS subset it serves) with
 //! prost and tonic, compiling the protos with protox: no system `protoc` is needed; and their
 //! encoded descriptors, which the admin server's reflection service serves. The tap's messages
 //! also derive serde: they are the JSON of `/status` and `/rollouts` and of the CLI's `-o json`,
@@ -46,14 +46,16 @@ const ENUM_FIELDS: [(&str, &str); 12] = [
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // The protos live at the workspace's top, beside the crates that speak them.
+    let root = "../../proto";
     let protos = [
-        "proto/xdstap/v1/tap.proto",
-        "proto/envoy/service/status/v3/csds.proto",
+        format!("{root}/xdstap/v1/tap.proto"),
+        format!("{root}/envoy/service/status/v3/csds.proto"),
     ];
-    for p in protos {
+    for p in &protos {
         println!("cargo:rerun-if-changed={p}");
     }
-    let fds = protox::compile(protos, ["proto"])?;
+    let fds = protox::compile(&protos, [root])?;
     // The descriptors themselves, for gRPC server reflection on the admin address.
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(

@@ -11,10 +11,10 @@ use super::fleet::{self, Fleet};
 use super::status::{age, client_name, dash, landed, made_from, one_line, ResourceRow};
 use super::{table, RolloutArgs};
 use xdstap::api::csds::ClientResourceStatus;
-use xdstap::api::type_wanted;
 use xdstap::api::v1::rollout_node::Standing;
 use xdstap::api::v1::NackScope;
 use xdstap::api::v1::{Rollout, RolloutReport, RolloutsRequest};
+use xdstap_core::xds::is_type_named;
 
 /// `xdstap rollout`.
 pub fn run(args: &RolloutArgs) -> ExitCode {
@@ -80,7 +80,7 @@ async fn run_resource(taps: &mut Fleet, args: &RolloutArgs, name: &str, version:
         Err(e) => return e.exit("rollout"),
     };
     let partial = fleet::warn_partial("rollout", &answered);
-    let wanted = |r: &&ResourceRow| r.name == name && type_wanted(&args.types, &r.type_url);
+    let wanted = |r: &&ResourceRow| r.name == name && is_type_named(&args.types, &r.type_url);
     let mut table_rows = vec![["NODE", "TYPE", "RUNS", "STATE", "OF VERSION"]
         .iter()
         .map(|h| h.to_string())

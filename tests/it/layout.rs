@@ -325,7 +325,7 @@ fn schema_copies(files: &[Source], proto: &BTreeSet<String>) -> Vec<String> {
 #[test]
 fn the_reports_have_one_schema() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let proto = std::fs::read_to_string(root.join("crates/tap/proto/xdstap/v1/tap.proto")).unwrap();
+    let proto = std::fs::read_to_string(root.join("proto/xdstap/v1/tap.proto")).unwrap();
     let types = proto_types(&proto);
     assert!(
         types.contains("StatusReport") && types.contains("ClientStatus"),

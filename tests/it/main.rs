@@ -12,6 +12,7 @@ mod cli;
 mod correlation;
 mod csds;
 mod decode;
+mod docs;
 mod envoy_forward;
 mod failover;
 mod faults;

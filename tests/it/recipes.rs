@@ -170,6 +170,7 @@ fn the_dockerfile_builds_and_runs_what_the_manifests_expect() {
         dockerfile.contains("cargo build --release --locked --bin xdstap"),
         "{dockerfile}"
     );
+    // Offline: a test needs no network; scripts/test fetched every crate of the lock file.
     let locked = Command::new(env!("CARGO"))
         .args(["metadata", "--locked", "--offline", "--format-version", "1"])
         .current_dir(root)

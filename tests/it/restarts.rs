@@ -118,7 +118,7 @@ async fn fifty_control_plane_restarts_under_three_envoys() {
     let last = format!("v{}", RESTARTS + 1);
     cp.set(Snapshot::standard(&last, 5000, 1000, 9));
     support::eventually(60, "every Envoy SYNCED on the last version", || {
-        let r = status.report(xdstap::observer::now(), None);
+        let r = status.report(xdstap::now(), None);
         let synced = r
             .nodes
             .iter()

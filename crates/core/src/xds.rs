@@ -931,6 +931,13 @@ pub fn short_type(type_url: &str) -> &str {
         .map_or(message, |(short, _)| short)
 }
 
+/// Whether `type_url` is one of `types`, as people name types: short names such as `CDS` (any
+/// case) or type URLs; no types at all names every type.
+pub fn is_type_named(types: &[String], type_url: &str) -> bool {
+    types.is_empty()
+        || (types.iter()).any(|t| t == type_url || t.eq_ignore_ascii_case(short_type(type_url)))
+}
+
 /// The types with a short name: (short name, message).
 const SHORT_TYPES: [(&str, &str); 10] = [
     ("CDS", "envoy.config.cluster.v3.Cluster"),

@@ -100,7 +100,7 @@ pub fn instance_id() -> String {
 impl Admin {
     /// This tap's status report (of node `node` only, when given).
     pub fn local_status(&self, node: Option<&str>) -> crate::api::v1::StatusReport {
-        let mut report = self.status.report(crate::observer::now(), node);
+        let mut report = self.status.report(crate::clock::now(), node);
         report.instance = self.instance.clone();
         report
     }
@@ -212,7 +212,7 @@ impl Admin {
 
     /// The rollouts `ask` asks for, each named by its trace when spans share one per version.
     pub fn rollouts(&self, ask: &crate::api::v1::RolloutsRequest) -> crate::api::v1::RolloutReport {
-        let mut report = self.rollouts.report(crate::observer::now(), ask);
+        let mut report = self.rollouts.report(crate::clock::now(), ask);
         if let Some(traces) = &self.traces {
             for r in &mut report.rollouts {
                 if let Some(id) = traces.of_version(&r.version) {

@@ -20,52 +20,8 @@ pub mod csds {
     tonic::include_proto!("envoy.service.status.v3");
 }
 
-/// A NACK message with its run-to-run noise taken out, as the API groups NACKs by it
-/// (`NackGroup`), on one tap and over several: Envoy's messages can embed a debug marker
-/// (`goo.gle/debugonly`, `goo.gle/debugproto`, ...) and varying spacing.
-pub fn group_key(message: &str) -> String {
-    message
-        .split_whitespace()
-        .filter(|w| !w.starts_with("goo.gle/debug"))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// Whether `type_url` is among `types` as the API's requests name types (short names such as
-/// `CDS`, or type URLs; none: all).
-pub fn type_wanted(types: &[String], type_url: &str) -> bool {
-    types.is_empty()
-        || types
-            .iter()
-            .any(|t| t == type_url || t.eq_ignore_ascii_case(crate::xds::short_type(type_url)))
-}
-
 /// How many resource names a record lists (the count is always exact).
 pub const NAMES_CAP: usize = 50;
-
-/// Unix nanoseconds as `2026-11-29T13:28:13.123456Z`.
-pub fn rfc3339(t: crate::correlate::Timestamp) -> String {
-    let secs = (t / 1_000_000_000) as i64;
-    let micros = (t % 1_000_000_000) / 1_000;
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{micros:06}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
 
 impl v1::SyncState {
     /// As tables show it.
@@ -89,6 +45,19 @@ impl v1::SyncState {
     /// them (SYNCED, NOT SENT, PENDING, NACKED, STALE); NOT SENT when it has no type.
     pub fn worst(states: impl Iterator<Item = v1::SyncState>) -> v1::SyncState {
         states.max().unwrap_or(v1::SyncState::NotSent)
+    }
+}
+
+impl v1::NackGroup {
+    /// What NACKs are grouped by, on one tap and over several: the client's message with its
+    /// run-to-run noise taken out (Envoy's messages can embed a debug marker,
+    /// `goo.gle/debugonly`, `goo.gle/debugproto`, ..., and varying spacing).
+    pub fn key(message: &str) -> String {
+        message
+            .split_whitespace()
+            .filter(|w| !w.starts_with("goo.gle/debug"))
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 }
 

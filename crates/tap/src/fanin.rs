@@ -462,7 +462,7 @@ fn version(v: Version) -> Rollout {
             _ => behind.push(n),
         }
         if let Some(g) = group {
-            let key = crate::api::group_key(&g.message);
+            let key = crate::api::v1::NackGroup::key(&g.message);
             let i = match groups.iter().position(|(k, _)| *k == key) {
                 Some(i) => i,
                 None => {

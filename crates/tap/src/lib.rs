@@ -80,6 +80,9 @@ pub mod fanin;
 pub mod proxy;
 pub mod server;
 
+// The one clock, and how times are written.
+mod clock;
+
 // Modules the public API does not need: public with the `internals` feature (the crate's own
 // tests, benches and fuzz targets turn it on; no stability is promised), private without.
 // Declared one by one, not by a macro, so that rustfmt sees (and formats) every one.
@@ -119,7 +122,8 @@ pub use server::{run, Running, Server};
 /// The core the tap is built on (framing, decoding, correlation): the events sinks receive.
 pub use xdstap_core as core;
 
-pub use observer::{now, ObserverStats};
+pub use clock::now;
+pub use observer::ObserverStats;
 pub use outputs::spans::SpanStats;
 pub use outputs::{Recorded, Recorder};
 pub use queue::{Delivered, Sink};

@@ -3,26 +3,19 @@
 //! queue. Other gRPC methods are only counted. Nothing here can fail or delay forwarding. The
 //! observing side's counters and clock are here too: the rooms downstream read them.
 
+use crate::clock::now;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 
-use crate::correlate::{Correlator, Event, Ledger, StreamContext, Timestamp};
+use crate::correlate::{Correlator, Event, Ledger, StreamContext};
 use crate::grpc::{Deframer, Part};
 use crate::proxy::{Direction, Headers, Observe, Side, StreamEnd, StreamInfo, StreamObserver};
 use crate::queue::EventSender;
 use crate::xds::decode::{DecodeError, MessageDecoder};
 use crate::xds::scan::MessageKind;
 use crate::xds::{Interner, Message, Method};
-
-/// Wall-clock now, for event timestamps and the views' ages.
-pub fn now() -> Timestamp {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-}
 
 /// Counters of the observing side.
 #[derive(Debug, Default)]

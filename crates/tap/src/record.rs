@@ -4,7 +4,8 @@
 //! resubscribe, which the event log writes too. Names, versions and digests only; never
 //! resource contents; lists capped at [`NAMES_CAP`].
 
-use crate::api::{rfc3339, NAMES_CAP};
+use crate::api::NAMES_CAP;
+use crate::clock::rfc3339;
 use serde::Serialize;
 
 use crate::correlate::{Event, Scope, Verdict, VerdictKind};
@@ -268,25 +269,5 @@ impl ResubscribeRecord {
             downstream: context.stream.downstream.clone(),
             upstream: context.stream.upstream.clone(),
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn formats_times() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000000Z");
-        // 2026-11-29T13:28:13.5Z
-        assert_eq!(
-            rfc3339(1_795_958_893_500_000_000),
-            "2026-11-29T13:28:13.500000Z"
-        );
-        // 2024-02-29T23:59:59Z, a leap day.
-        assert_eq!(
-            rfc3339(1_709_251_199_000_000_000),
-            "2024-02-29T23:59:59.000000Z"
-        );
     }
 }

@@ -10,10 +10,10 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
 use super::Admin;
-use crate::api::type_wanted;
 use crate::api::v1::watch_event::Kind;
 use crate::api::v1::{self, tap_server};
 use crate::views::watch::SHOWN;
+use crate::xds::is_type_named;
 
 /// The service over the admin's views.
 pub struct TapApi(pub Arc<Admin>);
@@ -131,7 +131,7 @@ fn wanted(w: &v1::WatchEvent, filter: &v1::WatchRequest, node_glob: &[char]) -> 
         false => filter.kinds.contains(&w.kind),
     };
     kind_wanted
-        && type_wanted(&filter.types, &w.type_url)
+        && is_type_named(&filter.types, &w.type_url)
         && (node_glob.is_empty() || glob_chars(node_glob, &w.node))
 }
 

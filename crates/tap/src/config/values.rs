@@ -305,3 +305,34 @@ pub struct UnknownName {
     /// What it may be.
     pub choices: &'static str,
 }
+/// The OTLP transports by the names `OTEL_EXPORTER_OTLP_PROTOCOL` gives them.
+impl std::str::FromStr for Protocol {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, UnknownName> {
+        match s {
+            "grpc" => Ok(Protocol::Grpc),
+            "http/protobuf" | "http" => Ok(Protocol::HttpProtobuf),
+            other => Err(UnknownName {
+                what: "OTLP protocol",
+                value: other.to_string(),
+                choices: "grpc or http/protobuf",
+            }),
+        }
+    }
+}
+
+/// The groupings by their option values.
+impl std::str::FromStr for Grouping {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, UnknownName> {
+        match s {
+            "version" => Ok(Grouping::Version),
+            "push" => Ok(Grouping::Push),
+            other => Err(UnknownName {
+                what: "grouping",
+                value: other.to_string(),
+                choices: "version or push",
+            }),
+        }
+    }
+}

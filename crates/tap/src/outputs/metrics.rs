@@ -339,7 +339,7 @@ impl Sources {
     fn board_states(&self) -> Vec<Scraped> {
         use MetricType::Gauge as G;
         let mut all = Vec::new();
-        let counts = self.status.counts(crate::observer::now());
+        let counts = self.status.counts(crate::clock::now());
         let states = [
             SyncState::Synced,
             SyncState::NotSent,
@@ -350,7 +350,7 @@ impl Sources {
         .map(|st| (state_label(st), counts.get(&st).copied().unwrap_or(0)));
         let help = "Client nodes by their worst type's sync state.";
         all.push(by("xdstap_clients", help, G, "state", &states));
-        let rejected = (self.status.report(crate::observer::now(), None))
+        let rejected = (self.status.report(crate::clock::now(), None))
             .rejected_objects
             .len() as u64;
         all.push(one(

@@ -27,7 +27,6 @@ use tokio::task::JoinHandle;
 use xxhash_rust::xxh3::{xxh3_128, xxh3_64};
 
 use crate::api::NAMES_CAP;
-use crate::config::UnknownName;
 use crate::correlate::{Event, Scope, Timestamp, VerdictKind};
 use crate::queue::{Delivered, Sink};
 use crate::record::VerdictRecord;
@@ -40,21 +39,6 @@ pub enum Protocol {
     Grpc,
     /// OTLP/HTTP with protobuf bodies (4318, `/v1/traces`).
     HttpProtobuf,
-}
-
-impl std::str::FromStr for Protocol {
-    type Err = UnknownName;
-    fn from_str(s: &str) -> Result<Self, UnknownName> {
-        match s {
-            "grpc" => Ok(Protocol::Grpc),
-            "http/protobuf" | "http" => Ok(Protocol::HttpProtobuf),
-            other => Err(UnknownName {
-                what: "OTLP protocol",
-                value: other.to_string(),
-                choices: "grpc or http/protobuf",
-            }),
-        }
-    }
 }
 
 /// Span export settings.

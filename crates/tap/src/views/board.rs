@@ -7,7 +7,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::api::{rfc3339, NAMES_CAP};
+use crate::api::NAMES_CAP;
+use crate::clock::rfc3339;
 use crate::correlate::{Event, Push, Timestamp, Verdict};
 use crate::queue::Sink;
 use crate::xds::{short_type, Api};

@@ -10,11 +10,11 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 
-use crate::api::rfc3339;
 use crate::api::v1::{self, RolloutReport};
-use crate::api::{group_key, type_wanted};
+use crate::clock::rfc3339;
 use crate::correlate::{Event, Scope, Timestamp, Verdict};
 use crate::queue::Sink;
+use crate::xds::is_type_named;
 use crate::xds::short_type;
 
 /// NACK messages told apart per rollout; past it the rest share one group.
@@ -318,7 +318,7 @@ impl Rollouts {
         let book = self.lock();
         let version = Some(ask.version.as_str()).filter(|v| !v.is_empty());
         let mut all: Vec<&Progress> = (book.types.iter())
-            .filter(|(url, _)| type_wanted(&ask.types, url))
+            .filter(|(url, _)| is_type_named(&ask.types, url))
             .flat_map(|(_, rs)| rs.iter())
             .filter(|r| version.is_none_or(|v| v == &*r.version))
             .collect();
@@ -350,7 +350,7 @@ impl Progress {
             return 0;
         };
         let message = &error.message;
-        let key = group_key(message);
+        let key = v1::NackGroup::key(message);
         if let Some(i) = self.nacks.iter().position(|g| g.key == key) {
             return i;
         }

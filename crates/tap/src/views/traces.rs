@@ -5,8 +5,6 @@
 use opentelemetry::trace::TraceId;
 use xxhash_rust::xxh3::{xxh3_128, xxh3_64};
 
-use crate::config::UnknownName;
-
 /// How spans are grouped into traces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Grouping {
@@ -22,21 +20,6 @@ impl std::fmt::Display for Grouping {
             Grouping::Version => "version",
             Grouping::Push => "push",
         })
-    }
-}
-
-impl std::str::FromStr for Grouping {
-    type Err = UnknownName;
-    fn from_str(s: &str) -> Result<Self, UnknownName> {
-        match s {
-            "version" => Ok(Grouping::Version),
-            "push" => Ok(Grouping::Push),
-            other => Err(UnknownName {
-                what: "grouping",
-                value: other.to_string(),
-                choices: "version or push",
-            }),
-        }
     }
 }
 

@@ -13,7 +13,8 @@ use tokio::sync::broadcast;
 
 use crate::api::v1::watch_event::{self, Kind};
 use crate::api::v1::{NackScope, WatchEvent};
-use crate::api::{rfc3339, NAMES_CAP};
+use crate::api::NAMES_CAP;
+use crate::clock::rfc3339;
 use crate::correlate::{Event, Verdict, VerdictKind};
 use crate::queue::{Delivered, Sink};
 use crate::record::VerdictRecord;

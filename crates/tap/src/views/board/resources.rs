@@ -702,7 +702,7 @@ fn type_resources_held(url: &str, t: &TypeEntry, out: &mut Vec<ResourceRow>) {
 impl StatusBoard {
     /// The resources of every node whose id `wanted` accepts, by node id.
     pub fn resources(&self, wanted: impl Fn(&str) -> bool) -> Vec<NodeResources> {
-        self.resources_at(crate::observer::now(), wanted)
+        self.resources_at(crate::clock::now(), wanted)
     }
 
     /// The same, with TTLs judged at `now`.

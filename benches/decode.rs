@@ -6,8 +6,7 @@
 //! filler bytes (`..._istio_metadata`): what reading it costs over bytes merely skipped, which is
 //! all a decoder that does not read it pays. Run: `cargo bench --bench decode`.
 
-#[path = "common/istio.rs"]
-mod istio;
+use xdstap_support::istio;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use xdstap::correlate::{Correlator, StreamContext};

@@ -221,7 +221,7 @@ fn bench(c: &mut Criterion) {
             decode_limit: xdstap::config::DEFAULT_DECODE_LIMIT,
         };
         let pipeline = Pipeline::start(options, stats.clone(), Vec::new()).unwrap();
-        let tap_decode = start_tap(&direct, pipeline.observer.clone()).await;
+        let tap_decode = start_tap(&direct, pipeline.observer()).await;
         (direct, tap, tap_decode, pipeline)
     });
 

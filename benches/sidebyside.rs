@@ -28,15 +28,7 @@
 //! Run: `scripts/bench` (installs socat and nghttp2 if missing, then
 //! `cargo bench --bench sidebyside`). Under `cargo test` it runs a small smoke version.
 
-#[path = "../tests/it/support/otlp.rs"]
-#[allow(dead_code)]
-mod otlp;
-
-#[path = "common/l4.rs"]
-mod l4;
-
-#[path = "common/istio.rs"]
-mod istio;
+use xdstap_support::{istio, l4, otlp};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

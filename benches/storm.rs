@@ -22,8 +22,7 @@
 //! (10,000), `STORM_TAP_ARGS` flags added to the tap's, `STORM_TAP_WRAP` a command (a
 //! profiler) to run the tap under. Under `cargo test` it runs a small smoke version.
 
-#[path = "common/l4.rs"]
-mod l4;
+use xdstap_support::l4;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

@@ -261,9 +261,9 @@ pub struct StatusArgs {
     /// Show only this node; exits 3 when no tap knows a node of that id.
     #[arg(long, value_name = "ID")]
     pub node: Option<String>,
-    /// List that node's resources one a line (over CSDS): the version whose content it runs,
-    /// how it stands, and its own error; exits 1 when any is NACKED, RECEIVED_ERROR or
-    /// expired (DOES_NOT_EXIST because its TTL lapsed).
+    /// List that node's resources one a line (the tap's per-resource status): the version
+    /// whose content it runs, how it stands (ACKED, NACKED, WARMING, EXPIRED, ...), and its
+    /// own error; exits 1 when any is NACKED, RECEIVED_ERROR or EXPIRED.
     #[arg(long, requires = "node")]
     pub resources: bool,
     /// Output: table; wide (versions sent and accepted per type, user agents, every tap that

@@ -8,9 +8,9 @@ use std::process::ExitCode;
 
 use super::client::{block_on, AskError};
 use super::fleet::{self, Fleet};
-use super::status::{age, client_name, dash, landed, made_from, one_line, ResourceRow};
+use super::status::{age, dash, landed, made_from, one_line, NodeResource};
 use super::{table, RolloutArgs};
-use xdstap::api::csds::ClientResourceStatus;
+use xdstap::api::v1::resource_status::ClientStatus;
 use xdstap::api::v1::rollout_node::Standing;
 use xdstap::api::v1::NackScope;
 use xdstap::api::v1::{Rollout, RolloutReport, RolloutsRequest};
@@ -80,16 +80,20 @@ async fn run_resource(taps: &mut Fleet, args: &RolloutArgs, name: &str, version:
         Err(e) => return e.exit("rollout"),
     };
     let partial = fleet::warn_partial("rollout", &answered);
-    let wanted = |r: &&ResourceRow| r.name == name && is_type_named(&args.types, &r.type_url);
+    let wanted =
+        |r: &&NodeResource| r.status.name == name && is_type_named(&args.types, &r.status.type_url);
     let mut table_rows = vec![["NODE", "TYPE", "RUNS", "STATE", "OF VERSION"]
         .iter()
         .map(|h| h.to_string())
         .collect::<Vec<_>>()];
     let (mut runs, mut rejected) = (0, 0);
-    let mut found: Vec<&ResourceRow> = rows.iter().filter(wanted).collect();
-    found.sort_by_key(|r| (r.version != version, r.node.clone()));
-    for r in &found {
-        let nacked = r.client == ClientResourceStatus::Nacked;
+    let mut found: Vec<&NodeResource> = rows.iter().filter(wanted).collect();
+    found.sort_by_key(|r| (r.status.version != version, r.node.clone()));
+    for NodeResource {
+        node, status: r, ..
+    } in &found
+    {
+        let nacked = r.client() == ClientStatus::Nacked;
         let of = match (r.version == version, r.rejected_version.as_deref()) {
             (true, _) => {
                 runs += 1;
@@ -103,10 +107,10 @@ async fn run_resource(taps: &mut Fleet, args: &RolloutArgs, name: &str, version:
             _ => "another version".to_string(),
         };
         table_rows.push(vec![
-            r.node.clone(),
-            r.short_type.clone(),
+            node.clone(),
+            r.r#type.clone(),
             dash(&r.version),
-            client_name(r.client).to_string(),
+            r.client().as_str_name().to_string(),
             of,
         ]);
     }

@@ -6,10 +6,11 @@
 use super::client::Exit;
 use std::process::ExitCode;
 
-use super::client::{block_on, AdminClient, AskError};
+use super::client::{block_on, AskError};
 use super::fleet::{self, Fleet};
 use super::{table, StatusArgs, EX_NO_NODE};
-use xdstap::api::csds::{ClientResourceStatus, ConfigStatus};
+use xdstap::api::v1::resource_status::ClientStatus;
+use xdstap::api::v1::ResourceStatus;
 use xdstap::api::v1::{NackScope, NodeStatus, StatusReport, StatusRequest, SyncState, TypeStatus};
 
 /// `xdstap status`: fetch, print, and say by the exit status whether anything needs attention.
@@ -27,7 +28,10 @@ async fn status(args: &StatusArgs) -> ExitCode {
     }
     let node = args.node.clone().unwrap_or_default();
     let answers = (taps.ask(move |mut tap| {
-        let request = StatusRequest { node: node.clone() };
+        let request = StatusRequest {
+            node: node.clone(),
+            resources: false,
+        };
         async move {
             match tap.client.status(request).await {
                 Ok(r) => Ok(r.into_inner()),
@@ -62,7 +66,7 @@ async fn resources(taps: &mut Fleet, node: &str, output: super::Output) -> ExitC
         eprintln!("xdstap status: no tap that answered knows resources of node {node:?}");
         return fleet::not_found(EX_NO_NODE, partial);
     }
-    let problems = rows.iter().any(ResourceRow::is_bad);
+    let problems = rows.iter().any(NodeResource::is_bad);
     output.print(&ResourceRows(rows), render_resources);
     if output != super::Output::Json {
         print!("{}", fleet::missing_lines(&answered));
@@ -70,176 +74,80 @@ async fn resources(taps: &mut Fleet, node: &str, output: super::Output) -> ExitC
     fleet::exit(problems, partial)
 }
 
-/// The resources of node `node` (or of every node) as CSDS gives them, one JSON object each,
-/// over every tap: a resource of a node that several taps list is the one updated last. With
-/// every tap asked and whether it answered.
+/// The resources of node `node` (or of every node) as the taps' status gives them (the tap's
+/// own per-resource states, finer than CSDS's), over every tap: a resource of a node that
+/// several taps list is the one updated last. With every tap asked and whether it answered.
 pub async fn fetch_resources(
     taps: &mut Fleet,
     node: Option<&str>,
-) -> Result<(Vec<ResourceRow>, Vec<xdstap::api::v1::TapAnswer>), AskError> {
-    let node = node.map(String::from);
-    let answers = (taps.ask(move |tap| {
-        let node = node.clone();
-        async move { csds_rows(tap, node.as_deref()).await }
+) -> Result<(Vec<NodeResource>, Vec<xdstap::api::v1::TapAnswer>), AskError> {
+    let request = StatusRequest {
+        node: node.unwrap_or("").to_string(),
+        resources: true,
+    };
+    let answers = (taps.ask(move |mut tap| {
+        let request = request.clone();
+        async move {
+            match tap.client.status(request).await {
+                Ok(r) => Ok(r.into_inner()),
+                // It answered: it knows no such node.
+                Err(e) if e.code() == tonic::Code::NotFound => Ok(StatusReport::default()),
+                Err(e) => Err(tap.failed(e)),
+            }
+        }
     }))
     .await;
     let (answers, answered) = fleet::split(answers)?;
-    let mut newest: std::collections::BTreeMap<(String, String, String), ResourceRow> =
+    let mut newest: std::collections::BTreeMap<(String, String, String), NodeResource> =
         Default::default();
-    for (admin, rows) in answers {
-        for mut row in rows {
-            row.tap = admin.clone();
-            let key = (row.node.clone(), row.type_url.clone(), row.name.clone());
-            let later = |seen: &ResourceRow| row.last_updated > seen.last_updated;
-            if newest.get(&key).is_none_or(later) {
-                newest.insert(key, row);
+    for (admin, report) in answers {
+        for n in report.nodes {
+            for status in n.resources {
+                let key = (n.id.clone(), status.type_url.clone(), status.name.clone());
+                let row = NodeResource {
+                    node: n.id.clone(),
+                    status,
+                    tap: admin.clone(),
+                };
+                let later =
+                    |seen: &NodeResource| row.status.last_updated > seen.status.last_updated;
+                if newest.get(&key).is_none_or(later) {
+                    newest.insert(key, row);
+                }
             }
         }
     }
     Ok((newest.into_values().collect(), answered))
 }
 
-/// One tap's CSDS answer for `node` (or every node), a row per resource.
-async fn csds_rows(mut tap: AdminClient, node: Option<&str>) -> Result<Vec<ResourceRow>, AskError> {
-    use xdstap::api::csds::{
-        string_matcher::MatchPattern, ClientStatusRequest, NodeMatcher, StringMatcher,
-    };
-    let request = ClientStatusRequest {
-        node_matchers: (node.into_iter())
-            .map(|id| NodeMatcher {
-                node_id: Some(StringMatcher {
-                    match_pattern: Some(MatchPattern::Exact(id.into())),
-                    ignore_case: false,
-                }),
-            })
-            .collect(),
-    };
-    let answer = match tap.csds.fetch_client_status(request).await {
-        Ok(r) => r.into_inner(),
-        Err(e) => return Err(tap.failed(e)),
-    };
-    let each = (answer.config.iter()).flat_map(|c| {
-        let id = c.node.as_ref().map_or("", |n| n.id.as_str());
-        c.generic_xds_configs.iter().map(move |g| (id, g))
-    });
-    Ok(each
-        .map(|(id, g)| {
-            let error = g.error_state.as_ref();
-            ResourceRow {
-                node: id.to_string(),
-                short_type: xdstap_core::xds::short_type(&g.type_url).to_string(),
-                type_url: g.type_url.clone(),
-                name: g.name.clone(),
-                version: g.version_info.clone(),
-                client: ClientResourceStatus::try_from(g.client_status).unwrap_or_default(),
-                config: ConfigStatus::try_from(g.config_status).unwrap_or_default(),
-                error: error.map(|e| e.details.clone()),
-                rejected_version: error
-                    .map(|e| e.version_info.clone())
-                    .filter(|v| !v.is_empty()),
-                last_updated: (g.last_updated.as_ref())
-                    .map_or(0.0, |t| t.seconds as f64 + f64::from(t.nanos) / 1e9),
-                tap: String::new(),
-            }
-        })
-        .collect())
-}
-
-/// One resource of one node as a tap's CSDS gives it (`status --resources`, `rollout
-/// --resource`); its JSON names the statuses as CSDS does (the client's without its prefix).
+/// One resource of one node as a tap's status gives it (`status --resources`, `rollout
+/// --resource`): the API's own per-resource status, with the node and the tap that said so.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub struct ResourceRow {
+pub struct NodeResource {
     /// The node's id.
     pub node: String,
-    /// The type's short name (CDS, ...).
-    #[serde(rename = "type")]
-    pub short_type: String,
-    /// The type URL.
-    pub type_url: String,
-    /// The resource's name.
-    pub name: String,
-    /// The version the node runs it from ("" when none).
-    pub version: String,
-    /// How the client stands with it.
-    #[serde(with = "client_status")]
-    pub client: ClientResourceStatus,
-    /// How the control plane's config stands with it.
-    #[serde(with = "config_status")]
-    pub config: ConfigStatus,
-    /// The client's error, when it rejected it (or it lapsed).
-    pub error: Option<String>,
-    /// The version whose copy it rejected.
-    pub rejected_version: Option<String>,
-    /// When it last changed, seconds since the epoch.
-    pub last_updated: f64,
+    /// The resource, as the tap's API states it.
+    #[serde(flatten)]
+    pub status: ResourceStatus,
     /// The admin address of the tap that said so.
     pub tap: String,
 }
 
-impl ResourceRow {
-    /// Whether the node is in trouble with it: rejected, or dropped on an error (a TTL that
-    /// lapsed: DOES_NOT_EXIST with an error).
+impl NodeResource {
+    /// Whether the node is in trouble with it: rejected, reported in error by the control
+    /// plane, or dropped when its TTL lapsed.
     pub fn is_bad(&self) -> bool {
-        match self.client {
-            ClientResourceStatus::Nacked | ClientResourceStatus::ReceivedError => true,
-            ClientResourceStatus::DoesNotExist => {
-                self.error.as_ref().is_some_and(|e| !e.is_empty())
-            }
-            _ => false,
-        }
-    }
-}
-
-/// A client status's name as shown: CSDS's value name less `CLIENT_RESOURCE_STATUS_`.
-pub fn client_name(v: ClientResourceStatus) -> &'static str {
-    v.as_str_name()
-        .trim_start_matches("CLIENT_RESOURCE_STATUS_")
-}
-
-/// CSDS's client status by its value name, less `CLIENT_RESOURCE_STATUS_` (`NACKED`).
-mod client_status {
-    use xdstap::api::csds::ClientResourceStatus;
-
-    use super::client_name;
-
-    const PREFIX: &str = "CLIENT_RESOURCE_STATUS_";
-
-    pub fn serialize<S: serde::Serializer>(
-        v: &ClientResourceStatus,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        s.serialize_str(client_name(*v))
-    }
-
-    pub fn deserialize<'de, D: serde::Deserializer<'de>>(
-        d: D,
-    ) -> Result<ClientResourceStatus, D::Error> {
-        let name: String = serde::Deserialize::deserialize(d)?;
-        ClientResourceStatus::from_str_name(&name)
-            .or_else(|| ClientResourceStatus::from_str_name(&format!("{PREFIX}{name}")))
-            .ok_or_else(|| serde::de::Error::custom(format!("no client status {name:?}")))
-    }
-}
-
-/// CSDS's config status by its value name.
-mod config_status {
-    use xdstap::api::csds::ConfigStatus;
-
-    pub fn serialize<S: serde::Serializer>(v: &ConfigStatus, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(v.as_str_name())
-    }
-
-    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<ConfigStatus, D::Error> {
-        let name: String = serde::Deserialize::deserialize(d)?;
-        ConfigStatus::from_str_name(&name)
-            .ok_or_else(|| serde::de::Error::custom(format!("no config status {name:?}")))
+        matches!(
+            self.status.client(),
+            ClientStatus::Nacked | ClientStatus::ReceivedError | ClientStatus::Expired
+        )
     }
 }
 
 /// A node's resources, printed as a JSON array or a table.
 #[derive(serde::Serialize, serde::Deserialize)]
 #[serde(transparent)]
-struct ResourceRows(Vec<ResourceRow>);
+struct ResourceRows(Vec<NodeResource>);
 
 /// One line per resource: type, name, the version it runs, how it stands, its error.
 fn render_resources(ResourceRows(rows): &ResourceRows, wide: bool) -> String {
@@ -247,18 +155,18 @@ fn render_resources(ResourceRows(rows): &ResourceRows, wide: bool) -> String {
         .iter()
         .map(|h| h.to_string())
         .collect::<Vec<_>>()];
-    for r in rows {
+    for NodeResource { status: r, .. } in rows {
         let error = match (&r.error, &r.rejected_version) {
             (Some(e), Some(v)) => format!("{} (rejected {v})", one_line(e, wide)),
             (Some(e), None) => one_line(e, wide),
             (None, _) => "-".into(),
         };
         table_rows.push(vec![
-            r.short_type.clone(),
+            r.r#type.clone(),
             r.name.clone(),
             dash(&r.version),
-            client_name(r.client).to_string(),
-            r.config.as_str_name().to_string(),
+            r.client().as_str_name().to_string(),
+            r.config().as_str_name().to_string(),
             error,
         ]);
     }

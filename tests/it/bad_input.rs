@@ -61,7 +61,7 @@ async fn ads_exchange(tap: &XdsTap, headers: &[(&str, &str)], body: Bytes) -> Ve
     send.send_data(body, true).unwrap();
     let mut recv = resp.await.unwrap().into_body();
     let mut out = Vec::new();
-    while let Some(chunk) = recv.data().await {
+    while let Some(chunk) = support::within(30, "the next DATA", recv.data()).await {
         let chunk = chunk.unwrap();
         let _ = recv.flow_control().release_capacity(chunk.len());
         out.extend_from_slice(&chunk);
@@ -230,12 +230,12 @@ async fn a_data_flood_on_one_stream_leaves_the_others_alone() {
         *status_ref = resp.headers().get("grpc-status").cloned();
         let mut recv = resp.into_body();
         let mut got = Vec::new();
-        while let Some(chunk) = recv.data().await {
+        while let Some(chunk) = support::within(30, "the next DATA", recv.data()).await {
             let chunk = chunk?;
             let _ = recv.flow_control().release_capacity(chunk.len());
             got.extend_from_slice(&chunk);
         }
-        if let Ok(Some(t)) = recv.trailers().await {
+        if let Ok(Some(t)) = support::within(30, "the trailers", recv.trailers()).await {
             if status_ref.is_none() {
                 *status_ref = t.get("grpc-status").cloned();
             }

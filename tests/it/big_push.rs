@@ -92,7 +92,7 @@ async fn control_plane(listener: TcpListener) {
         .unwrap();
     let mut send = respond.send_response(resp, false).unwrap();
     let mut requests = 0;
-    while let Some(Ok(chunk)) = body.data().await {
+    while let Some(Ok(chunk)) = support::within(30, "the next DATA", body.data()).await {
         let _ = body.flow_control().release_capacity(chunk.len());
         // Each request here arrives in one DATA frame; the test's client sends them whole.
         requests += 1;
@@ -125,7 +125,10 @@ async fn read_message(body: &mut h2::RecvStream) -> usize {
     let mut want = None;
     let mut got = 0usize;
     loop {
-        let chunk = body.data().await.unwrap().unwrap();
+        let chunk = support::within(30, "the next DATA", body.data())
+            .await
+            .unwrap()
+            .unwrap();
         let _ = body.flow_control().release_capacity(chunk.len());
         let mut rest = &chunk[..];
         if want.is_none() {

@@ -32,7 +32,10 @@ async fn vanish(tap: &str, node: String) {
         .unwrap();
     send.send_data(subscribe(&node), false).unwrap();
     let mut body = resp.await.unwrap().into_body();
-    let chunk = body.data().await.unwrap().unwrap();
+    let chunk = support::within(30, "the next DATA", body.data())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(!chunk.is_empty());
     conn.abort();
     let _ = conn.await;

@@ -330,7 +330,10 @@ async fn subscribed(tap: &str, node: &str) -> (h2::SendStream<bytes::Bytes>, h2:
     send.send_data(support::raw::subscribe(node), false)
         .unwrap();
     let mut body = resp.await.unwrap().into_body();
-    let chunk = body.data().await.unwrap().unwrap();
+    let chunk = support::within(30, "the next DATA", body.data())
+        .await
+        .unwrap()
+        .unwrap();
     let _ = body.flow_control().release_capacity(chunk.len());
     (send, body)
 }

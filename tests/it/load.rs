@@ -112,7 +112,9 @@ async fn control_plane(listener: TcpListener, sent: Digests, received: Digests) 
                     };
                     let mut buf = BytesMut::new();
                     let mut n = 0u64;
-                    while let Some(Ok(chunk)) = body.data().await {
+                    while let Some(Ok(chunk)) =
+                        support::within(30, "the next DATA", body.data()).await
+                    {
                         let _ = body.flow_control().release_capacity(chunk.len());
                         buf.extend_from_slice(&chunk);
                         for m in messages(&mut buf) {
@@ -187,7 +189,7 @@ async fn client_stream(
     let mut buf = BytesMut::new();
     let mut accepted = String::new();
     let mut rounds = 0u32;
-    'read: while let Some(chunk) = body.data().await {
+    'read: while let Some(chunk) = support::within(30, "the next DATA", body.data()).await {
         let chunk = chunk.unwrap();
         let _ = body.flow_control().release_capacity(chunk.len());
         buf.extend_from_slice(&chunk);
@@ -232,13 +234,16 @@ async fn client_stream(
         }
     }
     // Read to the end: the control plane's trailers.
-    while let Some(chunk) = body.data().await {
+    while let Some(chunk) = support::within(30, "the next DATA", body.data()).await {
         let chunk = chunk.unwrap();
         let _ = body.flow_control().release_capacity(chunk.len());
         buf.extend_from_slice(&chunk);
     }
     assert!(buf.is_empty(), "no push after the last answer");
-    let trailers = body.trailers().await.unwrap().unwrap();
+    let trailers = support::within(30, "the trailers", body.trailers())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(trailers["grpc-status"], "0");
 }
 

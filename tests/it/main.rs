@@ -3,7 +3,7 @@
 //! which real peers; `docs/testing.md` says how to run them. `tests/rollout_memory.rs` stays a
 //! binary of its own: its counting allocator must see nothing else.
 
-mod support;
+use xdstap_support as support;
 
 mod alerts;
 mod bad_input;

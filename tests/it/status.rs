@@ -327,7 +327,10 @@ async fn a_client_that_never_answers_turns_stale() {
         .unwrap();
     let mut body = resp.await.unwrap().into_body();
     // Read the push and never answer it.
-    let chunk = body.data().await.unwrap().unwrap();
+    let chunk = support::within(10, "the push", body.data())
+        .await
+        .unwrap()
+        .unwrap();
     let _ = body.flow_control().release_capacity(chunk.len());
     // The board learns of the push on the sinks' thread, a moment after it was forwarded.
     wait_report(&m.admin, "silent CDS PENDING", |r| {
@@ -523,7 +526,10 @@ async fn network_strings_cannot_forge_terminal_lines() {
         ..Default::default()
     };
     let (tx, mut responses) = ads_stream(&listen, hello).await;
-    let first = responses.message().await.unwrap().unwrap();
+    let first = support::within(10, "the first push", responses.message())
+        .await
+        .unwrap()
+        .unwrap();
     tx.send(DiscoveryRequest {
         type_url: CDS.into(),
         response_nonce: first.nonce.clone(),
@@ -619,7 +625,8 @@ async fn the_api_is_listed_over_server_reflection() {
         .await)
         .unwrap()
         .into_inner();
-    let listed = match answers.message().await.unwrap().unwrap().message_response {
+    let listed = support::within(10, "the services listed", answers.message()).await;
+    let listed = match listed.unwrap().unwrap().message_response {
         Some(MessageResponse::ListServicesResponse(l)) => l.service,
         other => panic!("{other:?}"),
     };
@@ -637,7 +644,8 @@ async fn the_api_is_listed_over_server_reflection() {
     let mut answers = (client.server_reflection_info(ask(symbol)).await)
         .unwrap()
         .into_inner();
-    let files = match answers.message().await.unwrap().unwrap().message_response {
+    let files = support::within(10, "the file descriptors", answers.message()).await;
+    let files = match files.unwrap().unwrap().message_response {
         Some(MessageResponse::FileDescriptorResponse(f)) => f.file_descriptor_proto,
         other => panic!("{other:?}"),
     };
@@ -665,7 +673,10 @@ async fn the_api_is_listed_over_server_reflection() {
         .await)
         .unwrap()
         .into_inner();
-    let answer = answers.message().await.unwrap().expect("v1alpha answers");
+    let answer = support::within(10, "the v1alpha answer", answers.message())
+        .await
+        .unwrap()
+        .expect("v1alpha answers");
     use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse as AlphaResponse;
     match answer.message_response {
         Some(AlphaResponse::ListServicesResponse(l)) => {
@@ -818,7 +829,10 @@ async fn owner_only_files_exit_codes_and_signals() {
         ..Default::default()
     };
     let (tx, mut responses) = ads_stream(&listen, hello).await;
-    responses.message().await.unwrap().unwrap();
+    support::within(10, "the first push", responses.message())
+        .await
+        .unwrap()
+        .unwrap();
     let mut tap = tap;
     kill("-TERM", tap.id());
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -846,7 +860,10 @@ async fn owner_only_files_exit_codes_and_signals() {
         ..Default::default()
     };
     let (tx, mut responses) = ads_stream(&listen, hello).await;
-    let push = responses.message().await.unwrap().unwrap();
+    let push = support::within(10, "the push", responses.message())
+        .await
+        .unwrap()
+        .unwrap();
     tx.send(DiscoveryRequest {
         type_url: CDS.into(),
         version_info: push.version_info.clone(),

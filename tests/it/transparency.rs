@@ -189,11 +189,14 @@ async fn a_whole_response_then_no_error_reset_arrives_whole() {
         let resp = resp.await.unwrap();
         let mut body = resp.into_body();
         let mut data = Vec::new();
-        while let Some(chunk) = body.data().await {
+        while let Some(chunk) = support::within(10, "the body", body.data()).await {
             data.extend_from_slice(&chunk.unwrap());
         }
         assert_eq!(data, b"done");
-        let trailers = body.trailers().await.unwrap().unwrap();
+        let trailers = support::within(10, "the trailers", body.trailers())
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(trailers.get("grpc-status").unwrap(), "14");
         assert_eq!(trailers.get("grpc-message").unwrap(), "going away");
         let reset = match std::future::poll_fn(|cx| stream.poll_reset(cx)).await {
@@ -330,7 +333,10 @@ async fn a_reader_that_stops_stalls_the_writer_and_the_tap_holds_one_chunk() {
         .await
         .unwrap();
     let mut stream = resp.into_inner();
-    let first = stream.next().await.unwrap().unwrap();
+    let first = support::within(10, "the first message", stream.next())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(first.len(), 1 << 20);
     // Stop reading. Wait until forwarding stalls (no progress for 500 ms).
     let mut last = counter(&tap.stats.response_bytes);
@@ -350,7 +356,7 @@ async fn a_reader_that_stops_stalls_the_writer_and_the_tap_holds_one_chunk() {
     );
     // Reading again drains everything.
     let mut n = 1;
-    while let Some(m) = stream.next().await {
+    while let Some(m) = support::within(10, "the next message", stream.next()).await {
         assert_eq!(digest(&m.unwrap()), digest(&pattern(n, 1 << 20)));
         n += 1;
     }
@@ -375,10 +381,8 @@ async fn shutdown_lets_open_streams_finish() {
         .unwrap();
     let mut inbound = resp.into_inner();
     tx.send(Bytes::from_static(b"before")).await.unwrap();
-    assert_eq!(
-        inbound.next().await.unwrap().unwrap(),
-        Bytes::from_static(b"before")
-    );
+    let echoed = support::within(10, "the echo before", inbound.next()).await;
+    assert_eq!(echoed.unwrap().unwrap(), Bytes::from_static(b"before"));
     let addr = tap.addr.clone();
     let shutdown = tokio::spawn(tap.shutdown());
     // New connections are refused once the listener is closed, the open stream still works.
@@ -390,12 +394,12 @@ async fn shutdown_lets_open_streams_finish() {
     })
     .await;
     tx.send(Bytes::from_static(b"during")).await.unwrap();
-    assert_eq!(
-        inbound.next().await.unwrap().unwrap(),
-        Bytes::from_static(b"during")
-    );
+    let echoed = support::within(10, "the echo during", inbound.next()).await;
+    assert_eq!(echoed.unwrap().unwrap(), Bytes::from_static(b"during"));
     drop(tx);
-    assert!(inbound.next().await.is_none());
+    assert!(support::within(10, "the stream's end", inbound.next())
+        .await
+        .is_none());
     tokio::time::timeout(Duration::from_secs(5), shutdown)
         .await
         .unwrap()
@@ -429,7 +433,7 @@ async fn a_stopping_tap_loses_nothing_the_client_sent() {
         });
         tokio::time::sleep(Duration::from_secs(1)).await;
         let mut got = Vec::new();
-        let end = read.read_to_end(&mut got).await;
+        let end = support::within(30, "the upstream side's end", read.read_to_end(&mut got)).await;
         flood.abort();
         (got, end.map(drop).map_err(|e| e.kind()))
     });
@@ -456,7 +460,9 @@ async fn a_stopping_tap_loses_nothing_the_client_sent() {
     let stopping = tokio::spawn(tap.shutdown());
     // The client, as Envoy does, closes once the tap has closed its side.
     let mut sink = vec![0u8; 1 << 20];
-    while matches!(client_read.read(&mut sink).await, Ok(n) if n > 0) {}
+    while matches!(support::within(30, "the tap's side closed", client_read.read(&mut sink)).await, Ok(n) if n > 0)
+    {
+    }
     drop((client_read, client_write));
     let (got, end) = control_plane.await.unwrap();
     assert_eq!(end, Ok(()), "a clean end, not a reset");

@@ -82,7 +82,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Recorded<T> {
 
 async fn read_all(body: &mut h2::RecvStream) -> Result<Vec<u8>, h2::Error> {
     let mut out = Vec::new();
-    while let Some(chunk) = body.data().await {
+    while let Some(chunk) = support::within(30, "the next DATA", body.data()).await {
         let chunk = chunk?;
         let _ = body.flow_control().release_capacity(chunk.len());
         out.extend_from_slice(&chunk);
@@ -134,7 +134,9 @@ async fn upstream<T: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                 }
                 "/bidi" => {
                     let mut send = respond.send_response(Response::new(()), false).unwrap();
-                    while let Some(Ok(chunk)) = body.data().await {
+                    while let Some(Ok(chunk)) =
+                        support::within(30, "the next DATA", body.data()).await
+                    {
                         let _ = body.flow_control().release_capacity(chunk.len());
                         send_all(&mut send, chunk).await;
                     }
@@ -142,7 +144,7 @@ async fn upstream<T: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                 }
                 _ => {
                     let data = read_all(&mut body).await.unwrap();
-                    let _ = body.trailers().await;
+                    let _ = support::within(30, "the trailers", body.trailers()).await;
                     let mut resp = Response::new(());
                     resp.headers_mut().insert("x-resp", "1".parse().unwrap());
                     let mut send = respond.send_response(resp, false).unwrap();
@@ -198,7 +200,10 @@ async fn play<T: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     send.send_trailers(trailers).unwrap();
     let mut body = resp.await.unwrap().into_body();
     assert_eq!(read_all(&mut body).await.unwrap(), b"hello");
-    assert!(body.trailers().await.unwrap().is_some());
+    assert!(support::within(30, "the trailers", body.trailers())
+        .await
+        .unwrap()
+        .is_some());
 
     // Bidi: each piece comes back before the next goes.
     let mut c = client.clone().ready().await.unwrap();
@@ -210,7 +215,10 @@ async fn play<T: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
             send.send_data(Bytes::copy_from_slice(piece), false)
                 .unwrap();
         }
-        let got = body.data().await.unwrap().unwrap();
+        let got = support::within(30, "the next DATA", body.data())
+            .await
+            .unwrap()
+            .unwrap();
         let _ = body.flow_control().release_capacity(got.len());
         assert_eq!(&got[..], piece);
     }

@@ -105,6 +105,13 @@ impl Admin {
         report
     }
 
+    /// This tap's status report with every node's resources (of node `node` only, when given).
+    pub fn local_resources(&self, node: Option<&str>) -> crate::api::v1::StatusReport {
+        let mut report = self.status.report_resources(crate::clock::now(), node);
+        report.instance = self.instance.clone();
+        report
+    }
+
     /// The tier's status report: this tap's and its peers', merged as the CLI merges them
     /// (every node once, each naming its tap; a peer that did not answer named in `taps`).
     /// This tap's own report when it has no peers.
@@ -180,6 +187,7 @@ impl Admin {
         };
         let request = StatusRequest {
             node: node.unwrap_or("").to_string(),
+            resources: false,
         };
         let ask = fleet.ask(move |mut tap| {
             let request = request.clone();

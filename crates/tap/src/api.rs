@@ -14,14 +14,15 @@ pub mod v1 {
     tonic::include_proto!("xdstap.v1");
 }
 
+mod project;
+pub(crate) use project::nack;
+pub use project::{names, NAMES_CAP};
+
 /// `envoy.service.status.v3`: the Client Status Discovery Service, the fields the tap fills.
 #[allow(clippy::all, missing_docs)]
 pub mod csds {
     tonic::include_proto!("envoy.service.status.v3");
 }
-
-/// How many resource names a record lists (the count is always exact).
-pub const NAMES_CAP: usize = 50;
 
 impl v1::SyncState {
     /// As tables show it.
@@ -98,38 +99,6 @@ impl v1::NackScope {
     }
 }
 
-impl From<crate::correlate::Scope> for v1::NackScope {
-    fn from(scope: crate::correlate::Scope) -> Self {
-        match scope {
-            crate::correlate::Scope::Whole => v1::NackScope::Whole,
-            crate::correlate::Scope::Partial => v1::NackScope::Partial,
-            crate::correlate::Scope::Unknown => v1::NackScope::Unknown,
-        }
-    }
-}
-
-impl From<&crate::xds::origin::Origin> for v1::Origin {
-    fn from(o: &crate::xds::origin::Origin) -> Self {
-        use crate::xds::origin::Format;
-        v1::Origin {
-            kind: o.object.kind.to_string(),
-            group: o.object.group.to_string(),
-            namespace: o.object.namespace.to_string(),
-            name: o.object.name.to_string(),
-            section: o.object.section.to_string(),
-            format: match o.object.format {
-                Format::Istio => v1::origin::Format::Istio,
-                Format::EnvoyGateway => v1::origin::Format::EnvoyGateway,
-                Format::Contour => v1::origin::Format::Contour,
-            } as i32,
-            resource: o.resource.clone(),
-            part: o.part.clone(),
-            named: o.named,
-            kubectl: o.object.kubectl(),
-        }
-    }
-}
-
 impl v1::Origin {
     /// `DestinationRule default/reviews`, with ` section S` when it has one.
     pub fn label(&self) -> String {
@@ -162,14 +131,20 @@ pub fn rejected_objects(nodes: &[v1::NodeStatus]) -> Vec<v1::RejectedObject> {
         for (t, nack) in nacked.filter_map(|t| t.nack.as_ref().map(|k| (t, k))) {
             for o in &nack.objects {
                 let key = o.object_key();
+                // Since the first NACK that named it (a report without that: the node's run).
+                let since = match o.since.is_empty() {
+                    true => &nack.since,
+                    false => &o.since,
+                };
                 let e = by.entry(key.clone()).or_insert_with(|| v1::RejectedObject {
                     object: Some(v1::Origin {
                         resource: String::new(),
                         part: String::new(),
                         named: false,
+                        since: String::new(),
                         ..o.clone()
                     }),
-                    since: nack.since.clone(),
+                    since: since.clone(),
                     ..Default::default()
                 });
                 if !counted.contains(&key) {
@@ -179,8 +154,8 @@ pub fn rejected_objects(nodes: &[v1::NodeStatus]) -> Vec<v1::RejectedObject> {
                         e.examples.push(n.id.clone());
                     }
                 }
-                if nack.since < e.since {
-                    e.since = nack.since.clone();
+                if *since < e.since {
+                    e.since = since.clone();
                 }
                 if !e.types.contains(&t.r#type) {
                     e.types.push(t.r#type.clone());
@@ -305,21 +280,21 @@ pub mod names {
     }
 
     by_name! {
-        /// [`SyncState`](super::tap::SyncState).
+        /// [`SyncState`](crate::api::v1::SyncState).
         sync_state: crate::api::v1::SyncState;
-        /// [`ConfigStatus`](super::tap::resource_status::ConfigStatus).
+        /// [`ConfigStatus`](crate::api::v1::resource_status::ConfigStatus).
         config: crate::api::v1::resource_status::ConfigStatus;
-        /// [`ClientStatus`](super::tap::resource_status::ClientStatus).
+        /// [`ClientStatus`](crate::api::v1::resource_status::ClientStatus).
         client: crate::api::v1::resource_status::ClientStatus;
-        /// [`NackScope`](super::tap::NackScope).
+        /// [`NackScope`](crate::api::v1::NackScope).
         nack_scope: crate::api::v1::NackScope;
-        /// [`Standing`](super::tap::rollout_node::Standing).
+        /// [`Standing`](crate::api::v1::rollout_node::Standing).
         standing: crate::api::v1::rollout_node::Standing;
-        /// [`Kind`](super::tap::watch_event::Kind).
+        /// [`Kind`](crate::api::v1::watch_event::Kind).
         kind: crate::api::v1::watch_event::Kind;
-        /// [`Api`](super::tap::watch_event::Api).
+        /// [`Api`](crate::api::v1::watch_event::Api).
         api: crate::api::v1::watch_event::Api;
-        /// [`Format`](super::v1::origin::Format).
+        /// [`Format`](crate::api::v1::origin::Format).
         format: crate::api::v1::origin::Format;
     }
 }

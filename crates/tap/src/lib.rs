@@ -19,8 +19,9 @@
 //!   watchers, and the trace each verdict's span is in.
 //! - `outputs`: what the tap writes for others: log lines, the JSON-lines event log, OTLP
 //!   spans, Prometheus metrics.
-//! - [`api`]: the gRPC code generated from `proto/` (the tap's own API, CSDS), and the views'
-//!   reports as its messages.
+//! - [`api`]: the gRPC code generated from `proto/` (the tap's own API, CSDS), and the one
+//!   projection of the core's verdicts into its messages, which the record and every view read.
+//! - `clock`: the tap's one clock, and the one way it writes times.
 //! - `admin`: the admin server, HTTP/1.1 and HTTP/2 on one address: `/status`, `/rollouts`,
 //!   `/metrics`, `/healthz`, `/readyz`, and over gRPC the tap's API and CSDS.
 //! - [`config`]: the options (flags and YAML keys, one definition) and their validation.
@@ -34,7 +35,7 @@
 //! # Embedding
 //! A program runs a tap with [`Server`], adds sinks of its own (each event, on the sinks'
 //! thread) and reads the views while it runs; every type it needs is named from here:
-//! ```no_run
+//! ```
 //! use xdstap::core::correlate::{Event, Verdict};
 //!
 //! /// Counts the NACKs the tap sees.
@@ -48,8 +49,13 @@
 //!     }
 //! }
 //!
-//! # async fn embed() -> anyhow::Result<()> {
-//! let flags = ["--listen", "127.0.0.1:15010", "--upstream", "istiod.istio-system:15010"];
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> anyhow::Result<()> {
+//! let flags = [
+//!     "--listen", "127.0.0.1:0",
+//!     "--upstream", "istiod.istio-system:15010",
+//!     "--admin", "off",
+//! ];
 //! let config = xdstap::config::Options::from_flags(flags)?.resolve()?;
 //! let listener = xdstap::proxy::Listener::bind(&config.listen).await?;
 //! let running = xdstap::Server::new(config)
@@ -57,9 +63,9 @@
 //!     .start(listener)
 //!     .await?;
 //! let board: xdstap::StatusBoard = running.status();
-//! let nodes = board.report(xdstap::now(), None).nodes.len();
-//! running.serve(std::future::pending()).await;
-//! # let _ = nodes;
+//! assert!(board.report(xdstap::now(), None).nodes.is_empty());
+//! // Serves until the future given resolves: a signal, a channel; here, at once.
+//! running.serve(std::future::ready(())).await;
 //! # Ok(())
 //! # }
 //! ```
@@ -128,5 +134,6 @@ pub use outputs::spans::SpanStats;
 pub use outputs::{Recorded, Recorder};
 pub use queue::{Delivered, Sink};
 pub use record::{Subject, VerdictRecord};
+pub use views::board::resources::{NodeResources, ResourceRow};
 pub use views::board::StatusBoard;
 pub use views::rollout::Rollouts;

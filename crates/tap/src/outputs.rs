@@ -179,6 +179,6 @@ impl Sink for Recorder {
 
 /// The objects behind a NACK for a log line: `DestinationRule default/r; Service default/r`.
 fn objects(r: &VerdictRecord) -> String {
-    let labels: Vec<String> = r.objects.iter().map(|o| o.object.label()).collect();
+    let labels: Vec<String> = r.objects.iter().map(|o| o.label()).collect();
     labels.join("; ")
 }

@@ -28,7 +28,7 @@ use tokio_rustls::TlsAcceptor;
 
 pub use frame::{Reason, PREFACE};
 pub use headers::Headers;
-pub use listen::{AddressError, Endpoint, Io, Listener};
+pub use listen::{AddressError, AsyncIo, Endpoint, Io, Listener};
 pub use reader::{MAX_HEADER_BLOCK, MAX_STREAMS};
 // The frame and HPACK readers are how the proxy reads, not its API: public to the crate's own
 // tests and fuzz targets only.

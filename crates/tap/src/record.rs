@@ -4,13 +4,12 @@
 //! resubscribe, which the event log writes too. Names, versions and digests only; never
 //! resource contents; lists capped at [`NAMES_CAP`].
 
-use crate::api::NAMES_CAP;
-use crate::clock::rfc3339;
 use serde::Serialize;
 
+use crate::api::{names, v1, NAMES_CAP};
+use crate::clock::rfc3339;
 use crate::correlate::{Event, Scope, Verdict, VerdictKind};
-use crate::xds::origin::Origin;
-use crate::xds::short_type;
+use crate::xds::{short_type, Api};
 
 /// Who a record is about, as every record names it: the node and the type.
 #[derive(Debug, Clone, Serialize)]
@@ -26,8 +25,9 @@ pub struct Subject {
     pub short_type: String,
     /// Full type URL.
     pub type_url: String,
-    /// `sotw` or `delta`.
-    pub api: &'static str,
+    /// SotW or Delta (`sotw`, `delta`), when the stream said.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api: Option<Api>,
 }
 
 impl Subject {
@@ -40,7 +40,7 @@ impl Subject {
             user_agent: node.user_agent,
             short_type: short_type(type_url).to_string(),
             type_url: type_url.to_string(),
-            api: context.stream.api.map_or("", |a| a.as_str()),
+            api: context.stream.api,
         }
     }
 }
@@ -94,9 +94,9 @@ pub struct VerdictRecord {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub applied: Vec<String>,
     /// NACK: the Kubernetes objects the rejected resources were made from, as their metadata
-    /// names them.
+    /// names them (as the API shows them).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub objects: Vec<Origin>,
+    pub objects: Vec<v1::Origin>,
     /// Superseded: the nonce of the push that overtook it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub superseded_by: Option<String>,
@@ -149,13 +149,8 @@ impl VerdictRecord {
             version: push.version.clone(),
             nonce: push.nonce.clone(),
             resources: push.resources.len(),
-            resource_names: push
-                .resources
-                .iter()
-                .take(NAMES_CAP)
-                .map(|r| r.name.into_owned())
-                .collect(),
-            removed: push.removed.iter().take(NAMES_CAP).cloned().collect(),
+            resource_names: names(push.resources.iter().map(|r| r.name)),
+            removed: names(&push.removed),
             bytes: push.bytes,
             latency_ms: decided_at.saturating_sub(push.at) as f64 / 1e6,
             client_version: client_version.clone(),
@@ -169,7 +164,7 @@ impl VerdictRecord {
             objects: Vec::new(),
             superseded_by: None,
             overtaken_by: overtaken_by.clone(),
-            waiting_for: waiting_for.iter().take(NAMES_CAP).cloned().collect(),
+            waiting_for: names(waiting_for),
             grpc_status: None,
             end_message: None,
             stream: context.stream.seq,
@@ -180,27 +175,16 @@ impl VerdictRecord {
             control_plane: push.control_plane.clone(),
         };
         match verdict {
-            Verdict::Ack => {}
-            Verdict::Nack {
-                error,
-                suspects,
-                changed,
-                scope,
-                rejected,
-                applied,
-                objects,
-            } => {
-                r.objects = objects.clone();
-                let names = |v: &[String]| v.iter().take(NAMES_CAP).cloned().collect();
-                r.error_code = Some(error.code);
-                r.error_message = Some(error.message.clone());
-                r.suspects = names(suspects);
+            Verdict::Nack { changed, scope, .. } => {
+                let nack = crate::api::nack(push, verdict, *decided_at).expect("a NACK");
+                r.error_code = Some(nack.code);
+                r.error_message = Some(nack.message);
+                r.suspects = nack.suspects;
                 r.changed = names(changed);
                 r.nack_scope = Some(*scope);
-                r.rejected = (rejected.iter().take(NAMES_CAP))
-                    .map(|x| x.name.clone())
-                    .collect();
-                r.applied = names(applied);
+                r.rejected = nack.rejected;
+                r.applied = nack.applied;
+                r.objects = nack.objects;
             }
             Verdict::Superseded { by_nonce } => r.superseded_by = Some(by_nonce.clone()),
             Verdict::Unanswered {
@@ -210,6 +194,7 @@ impl VerdictRecord {
                 r.grpc_status = *grpc_status;
                 r.end_message = Some(message.clone());
             }
+            Verdict::Ack => {}
         }
         Some(r)
     }
@@ -264,7 +249,7 @@ impl ResubscribeRecord {
             version: version.clone(),
             stated: versions.iter().take(NAMES_CAP).cloned().collect(),
             stated_count: versions.len(),
-            names: names.iter().take(NAMES_CAP).cloned().collect(),
+            names: crate::api::names(names),
             stream: context.stream.seq,
             downstream: context.stream.downstream.clone(),
             upstream: context.stream.upstream.clone(),

@@ -13,7 +13,8 @@ use crate::observer::Observer;
 use crate::observer::ObserverStats;
 use crate::outputs::eventlog::EventLog;
 use crate::outputs::metrics::Sources;
-use crate::outputs::spans::{SetupError, SpanStats, TraceIds};
+pub use crate::outputs::spans::SetupError;
+use crate::outputs::spans::{SpanStats, TraceIds};
 use crate::proxy::{Connector, Listener, Observe, Proxy, ProxyStats};
 use crate::queue::Sink;
 use crate::views::board::StatusBoard;
@@ -311,8 +312,7 @@ pub async fn run(
 
 /// A running observation pipeline: the observer to give the proxy, and the sinks it feeds.
 pub struct Pipeline {
-    /// The observer for [`crate::proxy::Proxy::new`].
-    pub observer: Arc<Observer>,
+    observer: Arc<Observer>,
     sinks: crate::queue::Sinks,
 }
 
@@ -340,6 +340,11 @@ impl Pipeline {
             observer: Arc::new(Observer::new(events, stats, options.decode_limit)),
             sinks,
         })
+    }
+
+    /// The observer for [`crate::proxy::Proxy::new`].
+    pub fn observer(&self) -> Arc<dyn Observe> {
+        self.observer.clone()
     }
 
     /// Delivers what is queued, then drops the sinks (exporters flush on drop of their sink).

@@ -189,7 +189,7 @@ async fn delta_heartbeats_keep_a_resource_and_the_tap_marks_it_expired_when_they
     assert_eq!(code, 1, "{out}");
     let line = out.lines().find(|l| l.contains(" t ")).unwrap_or_default();
     assert!(
-        line.contains("DOES_NOT_EXIST") && line.contains("its TTL of 2s lapsed"),
+        line.contains("EXPIRED") && line.contains("its TTL of 2s lapsed"),
         "{out}"
     );
     // Pushed again, without a TTL: it runs and stays.

@@ -24,9 +24,13 @@ impl tap_server::Tap for TapApi {
         &self,
         request: Request<v1::StatusRequest>,
     ) -> Result<Response<v1::StatusReport>, Status> {
-        let node = request.into_inner().node;
+        let ask = request.into_inner();
+        let node = ask.node;
         let only = (!node.is_empty()).then_some(node.as_str());
-        let report = self.0.local_status(only);
+        let report = match ask.resources {
+            true => self.0.local_resources(only),
+            false => self.0.local_status(only),
+        };
         if only.is_some() && report.nodes.is_empty() {
             return Err(Status::not_found(format!("no node {node:?}")));
         }

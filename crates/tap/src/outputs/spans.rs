@@ -455,8 +455,8 @@ impl SpanSink {
 /// What of a NACKed push was rejected and what landed all the same.
 fn scope(r: &VerdictRecord) -> [(&'static str, Option<Value>); 5] {
     let partial = r.nack_scope == Some(Scope::Partial);
-    let objects = |f: fn(&crate::xds::origin::ObjectRef) -> String| {
-        let all: Vec<String> = r.objects.iter().map(|o| f(&o.object)).collect();
+    let objects = |f: fn(&crate::api::v1::Origin) -> String| {
+        let all: Vec<String> = r.objects.iter().map(f).filter(|s| !s.is_empty()).collect();
         (!all.is_empty()).then(|| strings(&all))
     };
     [
@@ -468,7 +468,7 @@ fn scope(r: &VerdictRecord) -> [(&'static str, Option<Value>); 5] {
         ("xds.applied", partial.then(|| strings(&r.applied))),
         // The objects the rejected resources were made from: `DestinationRule default/r`.
         ("xds.objects", objects(|o| o.label())),
-        ("xds.objects.kubectl", objects(|o| o.kubectl())),
+        ("xds.objects.kubectl", objects(|o| o.kubectl.clone())),
     ]
 }
 
@@ -481,7 +481,7 @@ fn describe(r: &VerdictRecord) -> (Vec<KeyValue>, Vec<KeyValue>, Status) {
         KeyValue::new("rpc.method", r.method.clone()),
         KeyValue::new("xds.type_url", r.subject.type_url.clone()),
         KeyValue::new("xds.type", r.subject.short_type.clone()),
-        KeyValue::new("xds.api", r.subject.api),
+        KeyValue::new("xds.api", r.subject.api.map_or("", |a| a.as_str())),
         KeyValue::new("xds.version", r.version.clone()),
         KeyValue::new("xds.nonce", r.nonce.clone()),
         KeyValue::new("xds.resource_count", r.resources as i64),

@@ -158,7 +158,7 @@ impl TypeEntry {
                 nonce, clusters, ..
             } => {
                 self.warming = (!clusters.is_empty()).then(|| {
-                    let shown = clusters.iter().take(NAMES_CAP).cloned().collect();
+                    let shown = crate::api::names(clusters);
                     Box::new((nonce.clone(), shown))
                 });
             }
@@ -205,34 +205,25 @@ impl TypeEntry {
                 self.version_accepted = Some(running.unwrap_or(&push.version).to_string());
                 self.nack = None;
             }
-            Verdict::Nack {
-                error,
-                suspects,
-                scope,
-                rejected,
-                applied,
-                objects,
-                ..
-            } => {
+            Verdict::Nack { .. } => {
                 self.nacks = self.nacks.saturating_add(1);
                 self.latency_ns = Some(decided_at.saturating_sub(push.at));
                 if let Some(kept) = client_version {
                     self.version_accepted = (!kept.is_empty()).then(|| kept.to_string());
                 }
-                let since = self.nack.as_deref().map_or(decided_at, |(_, s)| *s);
-                let info = Nack {
-                    code: error.code,
-                    message: error.message.clone(),
-                    suspects: suspects.iter().take(NAMES_CAP).cloned().collect(),
-                    version: push.version.clone(),
-                    since: rfc3339(since),
-                    scope: crate::api::v1::NackScope::from(*scope) as i32,
-                    rejected: (rejected.iter().take(NAMES_CAP))
-                        .map(|r| r.name.clone())
-                        .collect(),
-                    applied: applied.iter().take(NAMES_CAP).cloned().collect(),
-                    objects: objects.iter().map(crate::api::v1::Origin::from).collect(),
+                let before = self.nack.take();
+                let since = before.as_deref().map_or(decided_at, |(_, s)| *s);
+                let Some(mut info) = crate::api::nack(push, verdict, since) else {
+                    return;
                 };
+                // An object named by the NACKs before keeps the time they first named it.
+                let earlier = before.as_deref().map_or(&[][..], |(n, _)| &n.objects[..]);
+                for o in &mut info.objects {
+                    o.since = match earlier.iter().find(|e| e.object_key() == o.object_key()) {
+                        Some(e) => e.since.clone(),
+                        None => rfc3339(decided_at),
+                    };
+                }
                 self.nack = Some(Box::new((info, since)));
             }
             Verdict::Superseded { .. } => self.superseded = self.superseded.saturating_add(1),
@@ -460,14 +451,30 @@ impl StatusBoard {
     /// The status of every node, or of one with its resources, as of `now`.
     pub fn report(&self, now: Timestamp, only: Option<&str>) -> StatusReport {
         let mut report = self.report_nodes(now, only);
-        if let (Some(id), [one]) = (only, &mut report.nodes[..]) {
-            let mut of = self.resources_at(now, |n| n == id);
-            one.resources = (of.pop().into_iter())
-                .flat_map(|n| n.resources)
-                .map(Into::into)
-                .collect();
+        if only.is_some() {
+            self.add_resources(now, &mut report);
         }
         report
+    }
+
+    /// The status of every node (or of one), each with its resources, as of `now`.
+    pub fn report_resources(&self, now: Timestamp, only: Option<&str>) -> StatusReport {
+        let mut report = self.report_nodes(now, only);
+        self.add_resources(now, &mut report);
+        report
+    }
+
+    /// The resources of each node of `report`.
+    fn add_resources(&self, now: Timestamp, report: &mut StatusReport) {
+        let listed: HashSet<&str> = report.nodes.iter().map(|n| n.id.as_str()).collect();
+        let mut of: HashMap<String, Vec<_>> = (self.resources_at(now, |id| listed.contains(id)))
+            .into_iter()
+            .map(|n| (n.id, n.resources))
+            .collect();
+        for node in &mut report.nodes {
+            let rows = of.remove(&node.id).unwrap_or_default();
+            node.resources = rows.into_iter().map(Into::into).collect();
+        }
     }
 
     fn report_nodes(&self, now: Timestamp, only: Option<&str>) -> StatusReport {

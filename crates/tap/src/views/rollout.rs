@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::api::v1::{self, RolloutReport};
 use crate::clock::rfc3339;
-use crate::correlate::{Event, Scope, Timestamp, Verdict};
+use crate::correlate::{Event, Push, Scope, Timestamp, Verdict};
 use crate::queue::Sink;
 use crate::xds::is_type_named;
 use crate::xds::short_type;
@@ -63,17 +63,11 @@ struct Entry {
 /// The NACKs of one rollout with one message.
 #[derive(Clone, Debug)]
 struct NackTally {
-    /// The message as the first node sent it.
-    message: String,
+    /// The group as the first node's NACK made it (its message, what it rejected, the objects
+    /// behind it), counted on.
+    group: v1::NackGroup,
     /// The message with what varies between runs taken out, to group by.
     key: String,
-    suspects: Vec<String>,
-    scope: Scope,
-    rejected: Vec<String>,
-    applied: Vec<String>,
-    /// The objects the rejected resources were made from, as the first node's NACK named them.
-    objects: Vec<v1::Origin>,
-    nodes: u64,
     examples: Vec<Arc<str>>,
 }
 
@@ -249,7 +243,7 @@ impl Book {
             self.waiting.remove(&node);
         }
         if let Some(r) = self.rollout(&context.type_url, &push.version) {
-            r.on_verdict(node, verdict, push.at, *decided_at);
+            r.on_verdict(node, push, verdict, *decided_at);
         }
     }
 
@@ -335,43 +329,31 @@ impl Rollouts {
 }
 
 impl Progress {
-    /// The NACK group of `message`, made when new.
-    fn group(&mut self, verdict: &Verdict) -> usize {
-        let Verdict::Nack {
-            error,
-            suspects,
-            scope,
-            rejected,
-            applied,
-            objects,
-            ..
-        } = verdict
-        else {
+    /// The NACK group of `verdict`, made when new (decided at `at`).
+    fn group(&mut self, push: &Push, verdict: &Verdict, at: Timestamp) -> usize {
+        let Verdict::Nack { error, .. } = verdict else {
             return 0;
         };
-        let message = &error.message;
-        let key = v1::NackGroup::key(message);
+        let key = v1::NackGroup::key(&error.message);
         if let Some(i) = self.nacks.iter().position(|g| g.key == key) {
             return i;
         }
         if self.nacks.len() == MAX_GROUPS {
             return MAX_GROUPS - 1;
         }
+        let Some(nack) = crate::api::nack(push, verdict, at) else {
+            return 0;
+        };
         self.nacks.push(NackTally {
-            message: message.to_string(),
+            group: v1::NackGroup::from(&nack),
             key,
-            suspects: suspects.to_vec(),
-            scope: *scope,
-            rejected: rejected.iter().map(|r| r.name.clone()).collect(),
-            applied: applied.clone(),
-            objects: objects.iter().map(v1::Origin::from).collect(),
-            nodes: 0,
             examples: Vec::new(),
         });
         self.nacks.len() - 1
     }
 
-    fn on_verdict(&mut self, node: Arc<str>, verdict: &Verdict, pushed: u64, decided: u64) {
+    fn on_verdict(&mut self, node: Arc<str>, push: &Push, verdict: &Verdict, decided: u64) {
+        let pushed = push.at;
         let Some(e) = self.nodes.get(&node).copied() else {
             return;
         };
@@ -387,9 +369,9 @@ impl Progress {
                 ..answered
             },
             Verdict::Nack { scope, .. } => {
-                let i = self.group(verdict);
+                let i = self.group(push, verdict, decided);
                 let g = &mut self.nacks[i];
-                g.nodes += 1;
+                g.group.nodes += 1;
                 if g.examples.len() < EXAMPLES && !g.examples.contains(&node) {
                     g.examples.push(node.clone());
                 }
@@ -462,7 +444,7 @@ impl Progress {
         acked.sort_unstable();
         // The groups as reported, most nodes first; `place[i]` is where group i went, from 1.
         let mut order: Vec<usize> = (0..self.nacks.len()).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(self.nacks[i].nodes));
+        order.sort_by_key(|&i| std::cmp::Reverse(self.nacks[i].group.nodes));
         let mut place = vec![0u32; order.len()];
         for (rank, &i) in order.iter().enumerate() {
             place[i] = rank as u32 + 1;
@@ -502,14 +484,8 @@ impl Progress {
             trace_id: String::new(),
             nacks: (order.iter().map(|&i| &self.nacks[i]))
                 .map(|g| v1::NackGroup {
-                    message: g.message.clone(),
-                    nodes: g.nodes,
                     examples: g.examples.iter().map(|e| e.to_string()).collect(),
-                    suspects: g.suspects.clone(),
-                    scope: v1::NackScope::from(g.scope) as i32,
-                    rejected: g.rejected.clone(),
-                    applied: g.applied.clone(),
-                    objects: g.objects.clone(),
+                    ..g.group.clone()
                 })
                 .collect(),
         }

@@ -15,7 +15,7 @@ use crate::api::v1::watch_event::{self, Kind};
 use crate::api::v1::{NackScope, WatchEvent};
 use crate::api::NAMES_CAP;
 use crate::clock::rfc3339;
-use crate::correlate::{Event, Verdict, VerdictKind};
+use crate::correlate::Event;
 use crate::queue::{Delivered, Sink};
 use crate::record::VerdictRecord;
 use crate::views::traces::TraceIds;
@@ -91,12 +91,7 @@ pub fn watched(event: &Event) -> bool {
 /// The kind of a watched event, as the API names it.
 pub fn kind(event: &Event) -> Option<Kind> {
     Some(match event {
-        Event::Verdict { verdict, .. } => match verdict {
-            Verdict::Ack => Kind::Ack,
-            Verdict::Nack { .. } => Kind::Nack,
-            Verdict::Superseded { .. } => Kind::Superseded,
-            Verdict::Unanswered { .. } => Kind::Unanswered,
-        },
+        Event::Verdict { verdict, .. } => Kind::from(verdict.kind()),
         Event::Warming { .. } => Kind::Warming,
         Event::Resubscribe { .. } => Kind::Resubscribe,
         Event::StaleAnswer { .. } => Kind::StaleAnswer,
@@ -121,17 +116,11 @@ pub fn watched_event(delivered: &Delivered<'_>, traces: Option<&TraceIds>) -> Op
 
 /// A verdict as the API shows it, from its record.
 fn from_record(r: &VerdictRecord, traces: Option<&TraceIds>) -> WatchEvent {
-    let kind = match r.verdict {
-        VerdictKind::Ack => Kind::Ack,
-        VerdictKind::Nack => Kind::Nack,
-        VerdictKind::Superseded => Kind::Superseded,
-        VerdictKind::Unanswered => Kind::Unanswered,
-    };
-    let api = match r.subject.api {
-        "sotw" => watch_event::Api::Sotw,
-        "delta" => watch_event::Api::Delta,
-        _ => watch_event::Api::Unspecified,
-    };
+    let kind = Kind::from(r.verdict);
+    let api = r
+        .subject
+        .api
+        .map_or(watch_event::Api::Unspecified, Into::into);
     let nack_scope = r.nack_scope.map_or(NackScope::Unspecified, NackScope::from);
     let trace_id = traces.map(|t| {
         t.of(&r.version, r.stream, &r.subject.type_url, &r.nonce)
@@ -154,7 +143,7 @@ fn from_record(r: &VerdictRecord, traces: Option<&TraceIds>) -> WatchEvent {
         nack_scope: nack_scope as i32,
         rejected: r.rejected.clone(),
         applied: r.applied.clone(),
-        objects: r.objects.iter().map(crate::api::v1::Origin::from).collect(),
+        objects: r.objects.clone(),
         overtaken_by: r.overtaken_by.clone().unwrap_or_default(),
         superseded_by: r.superseded_by.clone().unwrap_or_default(),
         end_message: r.end_message.clone().unwrap_or_default(),
@@ -175,11 +164,7 @@ fn other_event(event: &Event) -> Option<WatchEvent> {
         r#type: short_type(&context.type_url).to_string(),
         type_url: context.type_url.clone(),
         kind: kind as i32,
-        api: match context.stream.api {
-            Some(crate::xds::Api::Sotw) => watch_event::Api::Sotw as i32,
-            Some(crate::xds::Api::Delta) => watch_event::Api::Delta as i32,
-            None => watch_event::Api::Unspecified as i32,
-        },
+        api: (context.stream.api).map_or(watch_event::Api::Unspecified, Into::into) as i32,
         stream: context.stream.seq,
         ..Default::default()
     };

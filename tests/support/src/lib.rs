@@ -1,5 +1,7 @@
-//! The real-peer harness shared by the integration tests: a tonic test service, the tap started
-//! in-process, certificates, a real Envoy, a scripted ADS control plane.
+//! The real-peer harness every test and bench links (a crate of its own, compiled once): a
+//! tonic test service, the tap started in-process or as the `xdstap` binary, certificates, a
+//! real Envoy, scripted ADS control planes, OTLP receivers, the benches' L4 relay and istiod's
+//! metadata hand-encoded.
 pub mod browser;
 pub mod certs;
 pub mod control_plane;
@@ -7,6 +9,8 @@ pub mod csds;
 pub mod echo;
 pub mod envoy;
 pub mod grpc;
+pub mod istio;
+pub mod l4;
 pub mod metadata;
 pub mod otlp;
 pub mod prom;
@@ -14,6 +18,22 @@ pub mod raw;
 pub mod resources;
 pub mod scripted;
 pub mod tap;
+
+/// The repository's root (the workspace's).
+pub fn root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The `xdstap` binary cargo built beside the test or bench that runs (`target/PROFILE/`, the
+/// parent of the `deps/` it runs from).
+pub fn bin() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("the running test's path");
+    let dir = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target/PROFILE/deps");
+    dir.join(format!("xdstap{}", std::env::consts::EXE_SUFFIX))
+}
 
 /// A fresh temporary directory under target/, removed on drop.
 pub struct TempDir(pub std::path::PathBuf);
@@ -53,6 +73,15 @@ pub async fn eventually<T>(secs: u64, what: &str, mut check: impl FnMut() -> Opt
             panic!("timed out after {secs}s waiting for {what}");
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// `read` (a stream's next message, a body's next chunk), given `secs` to come; panics naming
+/// `what` when it does not: every read in a test has a deadline of its own.
+pub async fn within<T>(secs: u64, what: &str, read: impl std::future::Future<Output = T>) -> T {
+    match tokio::time::timeout(std::time::Duration::from_secs(secs), read).await {
+        Ok(v) => v,
+        Err(_) => panic!("timed out after {secs}s waiting for {what}"),
     }
 }
 
@@ -117,7 +146,7 @@ impl Drop for Child {
 pub async fn watch_into(admin: &str, dir: &std::path::Path) -> (Child, std::path::PathBuf) {
     let (out, err) = (dir.join("watch.out"), dir.join("watch.err"));
     let child = Child(
-        std::process::Command::new(env!("CARGO_BIN_EXE_xdstap"))
+        std::process::Command::new(bin())
             .args(["watch", "--admin", admin])
             .stdout(std::fs::File::create(&out).unwrap())
             .stderr(std::fs::File::create(&err).unwrap())
@@ -136,7 +165,7 @@ pub async fn watch_into(admin: &str, dir: &std::path::Path) -> (Child, std::path
 /// which of its `taps` it watches (a line each, within 10 s): the process, its output, what it
 /// said.
 pub fn watching(args: &[&str], taps: usize) -> (Child, Lines, String) {
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_xdstap"))
+    let mut child = std::process::Command::new(bin())
         .arg("watch")
         .args(args)
         .stdout(std::process::Stdio::piped())
@@ -281,7 +310,7 @@ pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
 pub async fn xdstap(args: &[&str]) -> (i32, String, String) {
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     tokio::task::spawn_blocking(move || {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_xdstap"))
+        let out = std::process::Command::new(bin())
             .args(&args)
             .output()
             .unwrap();

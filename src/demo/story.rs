@@ -18,7 +18,7 @@ use xdstap::config::{AdminAddress, AdminOptions, Options};
 use xdstap::proxy::{Endpoint, Listener};
 use xdstap::server::Server;
 use xdstap::Recorder;
-use xdstap_core::correlate::{Event, Scope, Verdict};
+use xdstap_core::correlate::{Event, Scope, VerdictKind};
 use xdstap_core::xds::short_type;
 
 /// The demo Envoy's node id.
@@ -387,7 +387,7 @@ async fn play(stage: &mut Stage, outcome: &mut Outcome) -> anyhow::Result<bool> 
             |v| !v.is_empty(),
         )
         .await?;
-    let ok2 = explain_nack(stage, outcome, &stage.recorder.events()[mark..]);
+    let ok2 = explain_nack(stage, outcome, mark);
     outcome.steps.push(("bad push".into(), v));
 
     // Step 3: the fix -> ACK.
@@ -463,79 +463,56 @@ async fn play_partial(stage: &mut Stage, outcome: &mut Outcome) -> anyhow::Resul
             !v.is_empty()
         })
         .await?;
-    let ok = explain_partial(stage, &stage.recorder.events()[mark..]);
+    let ok = explain_partial(stage, mark);
     outcome.steps.push(("partial".into(), v));
     Ok(ok)
 }
 
+/// The record of the first NACK among the last `since` of what the recorder kept.
+fn first_nack(stage: &Stage, since: usize) -> Option<xdstap::VerdictRecord> {
+    (stage.recorder.recorded().into_iter().skip(since))
+        .filter_map(|r| r.record)
+        .find(|r| r.verdict == VerdictKind::Nack)
+}
+
 /// Step 5's verdict explained; whether it is the partial NACK the story expects.
-fn explain_partial(stage: &Stage, events: &[Event]) -> bool {
-    let nack = events.iter().find_map(|e| match e {
-        Event::Verdict {
-            verdict:
-                Verdict::Nack {
-                    scope,
-                    rejected,
-                    applied,
-                    ..
-                },
-            ..
-        } => Some((scope, rejected, applied)),
-        _ => None,
-    });
-    let Some((scope, rejected, applied)) = nack else {
+fn explain_partial(stage: &Stage, since: usize) -> bool {
+    let Some(r) = first_nack(stage, since) else {
         return false;
     };
-    let rejected: Vec<&str> = rejected.iter().map(|r| r.name.as_str()).collect();
     stage.printer.say(&format!(
         "           -> a NACK, yet not \"nothing landed\": the client rejected {} alone and runs \
          v7's {} (scope: {}).",
-        rejected.join(","),
-        applied.join(", "),
-        scope.as_str()
+        r.rejected.join(","),
+        r.applied.join(", "),
+        r.nack_scope.map_or("unknown", Scope::as_str)
     ));
-    *scope == Scope::Partial && rejected == ["b"] && applied == &["a", "c"]
+    r.nack_scope == Some(Scope::Partial) && r.rejected == ["b"] && r.applied == ["a", "c"]
 }
 
 /// Step 2's verdict explained; whether it is the NACK the story expects.
-fn explain_nack(stage: &Stage, outcome: &mut Outcome, events: &[Event]) -> bool {
-    let nack = events.iter().find_map(|e| match e {
-        Event::Verdict {
-            verdict:
-                Verdict::Nack {
-                    error,
-                    suspects,
-                    changed,
-                    ..
-                },
-            client_version,
-            ..
-        } => Some((error, suspects, changed, client_version)),
-        _ => None,
-    });
-    let Some((error, suspects, changed, kept)) = nack else {
+fn explain_nack(stage: &Stage, outcome: &mut Outcome, since: usize) -> bool {
+    let Some(r) = first_nack(stage, since) else {
         return false;
     };
-    outcome.suspects = suspects.clone();
-    outcome.nack_message = error.message.clone();
-    outcome.kept_version = kept.clone().unwrap_or_default();
-    let harmless: Vec<&str> = changed
-        .iter()
-        .filter(|c| !suspects.contains(c))
+    let message = r.error_message.clone().unwrap_or_default();
+    outcome.suspects = r.suspects.clone();
+    outcome.nack_message = message.clone();
+    outcome.kept_version = r.client_version.clone().unwrap_or_default();
+    let harmless: Vec<&str> = (r.changed.iter())
+        .filter(|c| !r.suspects.contains(c))
         .map(String::as_str)
         .collect();
     stage.printer.say(&format!(
         "           -> the client rejected the whole push and stays on {}; suspect: {}.\n           \
          The harmless change to {} never landed.",
-        kept.as_deref().unwrap_or("?"),
-        suspects.join(","),
+        r.client_version.as_deref().unwrap_or("?"),
+        r.suspects.join(","),
         harmless.join(",")
     ));
-    suspects == &["b"]
-        && kept.as_deref() == Some("v1")
-        && error
-            .message
-            .contains("ConnectTimeout: value must be greater than 0s")
+    r.suspects == ["b"]
+        && r.client_version.as_deref() == Some("v1")
+        && message.contains("ConnectTimeout: value must be greater than 0s")
 }
 
 /// The closing status table and what happened, in words.

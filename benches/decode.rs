@@ -10,7 +10,7 @@ use xdstap_support::istio;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use xdstap::correlate::{Correlator, StreamContext};
-use xdstap::grpc::{encode, Deframer, Part};
+use xdstap::grpc::{encode, Deframed, Deframer};
 use xdstap::xds::scan::{MessageKind, Scanner};
 use xdstap::xds::wire::bytes as field;
 use xdstap::xds::{Api, Interner, Message};
@@ -87,15 +87,15 @@ fn run(
     for frame in wire.chunks(16 * 1024) {
         deframer
             .feed(frame, &mut |e| match e {
-                Part::Start { len, .. } => {
+                Deframed::Start { len, .. } => {
                     let mut s = Scanner::new(kind, Some(len as u64));
                     if let Some(i) = interner {
                         s.set_interner(i.clone());
                     }
                     scanner = Some(s);
                 }
-                Part::Body(b) => scanner.as_mut().unwrap().feed(b),
-                Part::End => match scanner.take().unwrap().finish().unwrap() {
+                Deframed::Body(b) => scanner.as_mut().unwrap().feed(b),
+                Deframed::End => match scanner.take().unwrap().finish().unwrap() {
                     Message::Response(r) => correlator.on_response(r, 1, out),
                     Message::Request(r) => correlator.on_request(r, 2, out),
                 },

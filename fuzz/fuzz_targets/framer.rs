@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use xdstap::grpc::{Deframer, Part};
+use xdstap::grpc::{Deframer, Deframed};
 
 #[derive(Debug, PartialEq)]
 enum Seen {
@@ -19,9 +19,9 @@ fn run(pieces: &[&[u8]]) -> Vec<Seen> {
     let mut body = Vec::new();
     for p in pieces {
         let r = d.feed(p, &mut |e| match e {
-            Part::Start { compressed, len } => out.push(Seen::Start(compressed, len)),
-            Part::Body(b) => body.extend_from_slice(b),
-            Part::End => {
+            Deframed::Start { compressed, len } => out.push(Seen::Start(compressed, len)),
+            Deframed::Body(b) => body.extend_from_slice(b),
+            Deframed::End => {
                 out.push(Seen::Body(std::mem::take(&mut body)));
                 out.push(Seen::End);
             }

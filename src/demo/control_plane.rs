@@ -44,7 +44,7 @@ impl Snapshot {
 
 /// What the driver tells every open stream.
 #[derive(Clone, Debug)]
-pub enum Command {
+pub enum Order {
     /// Push the current snapshot of this type.
     Push(&'static str),
     /// Push two CDS snapshots in one DATA frame, before any answer can come back.
@@ -58,7 +58,7 @@ pub enum Command {
 #[derive(Clone)]
 pub struct ControlPlane {
     snapshot: Arc<Mutex<Snapshot>>,
-    streams: Arc<Mutex<Vec<mpsc::UnboundedSender<Command>>>>,
+    streams: Arc<Mutex<Vec<mpsc::UnboundedSender<Order>>>>,
     nonce: Arc<AtomicU64>,
 }
 
@@ -89,7 +89,7 @@ impl ControlPlane {
     }
 
     /// Tells every open stream.
-    pub fn command(&self, c: Command) {
+    pub fn command(&self, c: Order) {
         self.streams
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -144,7 +144,7 @@ impl ControlPlane {
         }
     }
 
-    async fn stream(self, mut pipe: Pipe, mut commands: mpsc::UnboundedReceiver<Command>) {
+    async fn stream(self, mut pipe: Pipe, mut commands: mpsc::UnboundedReceiver<Order>) {
         let mut subscribed: HashSet<&'static str> = HashSet::new();
         loop {
             tokio::select! {
@@ -169,16 +169,16 @@ impl ControlPlane {
                 c = commands.recv() => {
                     let Some(c) = c else { return };
                     let sent = match c {
-                        Command::Push(t) if subscribed.contains(t) => {
+                        Order::Push(t) if subscribed.contains(t) => {
                             pipe.send(&self.current().response(t, &self.next_nonce()))
                         }
-                        Command::Push(_) => Ok(()),
-                        Command::PushPair(a, b) => {
+                        Order::Push(_) => Ok(()),
+                        Order::PushPair(a, b) => {
                             let mut both = xdstap_core::grpc::encode(&a.response(CDS, &self.next_nonce()));
                             both.extend_from_slice(&xdstap_core::grpc::encode(&b.response(CDS, &self.next_nonce())));
                             pipe.send.send_data(Bytes::from(both), false).map_err(anyhow::Error::from)
                         }
-                        Command::Restart => {
+                        Order::Restart => {
                             let mut trailers = http::HeaderMap::new();
                             trailers.insert("grpc-status", http::HeaderValue::from_static("14"));
                             trailers.insert("grpc-message", http::HeaderValue::from_static("control plane restarting"));

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::control_plane::{Command, ControlPlane, Snapshot};
+use super::control_plane::{ControlPlane, Order, Snapshot};
 use super::envoy::{Bootstrap, Envoy};
 use super::messages::CDS;
 use super::printer::Printer;
@@ -43,7 +43,7 @@ pub struct DemoOptions {
 
 /// What the demo found, for `--json` and the exit status.
 #[derive(Debug, Default, serde::Serialize)]
-pub struct Outcome {
+pub struct Findings {
     /// Whether every step played as expected.
     pub ok: bool,
     /// `envoy` or `builtin`.
@@ -151,7 +151,7 @@ impl Stage {
     async fn step(
         &mut self,
         snapshot: Snapshot,
-        command: Command,
+        command: Order,
         what: &str,
         done: impl Fn(&[String]) -> bool,
     ) -> anyhow::Result<(usize, Vec<String>)> {
@@ -224,7 +224,7 @@ fn span_settings(given: Option<SpanSettings>) -> (SpanSettings, String) {
 }
 
 /// Plays the story; prints the timeline (or JSON) and returns the outcome.
-pub async fn run(options: DemoOptions) -> anyhow::Result<Outcome> {
+pub async fn run(options: DemoOptions) -> anyhow::Result<Findings> {
     let chosen = choose(&options)?;
     let (spans, spans_to) = span_settings(options.spans.clone());
     let cp_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
@@ -274,7 +274,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<Outcome> {
         envoy: None,
         cp,
     };
-    let mut outcome = Outcome {
+    let mut outcome = Findings {
         spans: spans_to,
         ..Default::default()
     };
@@ -321,7 +321,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<Outcome> {
 /// Starts Envoy or the built-in client against the tap, saying which.
 fn start_client(
     stage: &mut Stage,
-    outcome: &mut Outcome,
+    outcome: &mut Findings,
     chosen: Chosen,
     tap_addr: &str,
     cp_addr: &str,
@@ -357,7 +357,7 @@ fn start_client(
 }
 
 /// The steps; whether each played as expected.
-async fn play(stage: &mut Stage, outcome: &mut Outcome) -> anyhow::Result<bool> {
+async fn play(stage: &mut Stage, outcome: &mut Findings) -> anyhow::Result<bool> {
     // Step 1: initial config -> ACK on every type.
     stage
         .printer
@@ -382,7 +382,7 @@ async fn play(stage: &mut Stage, outcome: &mut Outcome) -> anyhow::Result<bool> 
     let (mark, v) = stage
         .step(
             snapshot("v2", 2000, 0, &["http"]),
-            Command::Push(CDS),
+            Order::Push(CDS),
             "the answer to v2",
             |v| !v.is_empty(),
         )
@@ -395,7 +395,7 @@ async fn play(stage: &mut Stage, outcome: &mut Outcome) -> anyhow::Result<bool> 
     let (_, v) = stage
         .step(
             snapshot("v3", 2000, 1000, &["http"]),
-            Command::Push(CDS),
+            Order::Push(CDS),
             "the answer to v3",
             |v| !v.is_empty(),
         )
@@ -411,7 +411,7 @@ async fn play(stage: &mut Stage, outcome: &mut Outcome) -> anyhow::Result<bool> 
     let (_, v) = stage
         .step(
             snapshot("v5", 4000, 1000, &["http"]),
-            Command::PushPair(
+            Order::PushPair(
                 snapshot("v4", 3000, 0, &["http"]),
                 snapshot("v5", 4000, 1000, &["http"]),
             ),
@@ -427,7 +427,7 @@ async fn play(stage: &mut Stage, outcome: &mut Outcome) -> anyhow::Result<bool> 
     let (_, v) = stage
         .step(
             snapshot("v6", 4000, 1000, &["http", "https"]),
-            Command::Restart,
+            Order::Restart,
             "the client to reconnect",
             |v| v.iter().any(|x| x == "CDS v6 ack") && v.iter().any(|x| x == "LDS v6 ack"),
         )
@@ -448,7 +448,7 @@ async fn play(stage: &mut Stage, outcome: &mut Outcome) -> anyhow::Result<bool> 
 
 /// Step 5: a valid change to `a`, a new cluster `c`, and `b` with an address that is no IP: the
 /// client rejects b alone as it adds it, and runs v7's a and c all the same.
-async fn play_partial(stage: &mut Stage, outcome: &mut Outcome) -> anyhow::Result<bool> {
+async fn play_partial(stage: &mut Stage, outcome: &mut Findings) -> anyhow::Result<bool> {
     stage.printer.say(
         "\n5. v7 changes cluster a (timeout 4s -> 5s), adds cluster c and gives b an endpoint address that is no IP",
     );
@@ -459,9 +459,7 @@ async fn play_partial(stage: &mut Stage, outcome: &mut Outcome) -> anyhow::Resul
         bad_address: Some("b"),
     };
     let (mark, v) = stage
-        .step(v7, Command::Push(CDS), "the answer to v7", |v| {
-            !v.is_empty()
-        })
+        .step(v7, Order::Push(CDS), "the answer to v7", |v| !v.is_empty())
         .await?;
     let ok = explain_partial(stage, mark);
     outcome.steps.push(("partial".into(), v));
@@ -491,7 +489,7 @@ fn explain_partial(stage: &Stage, since: usize) -> bool {
 }
 
 /// Step 2's verdict explained; whether it is the NACK the story expects.
-fn explain_nack(stage: &Stage, outcome: &mut Outcome, since: usize) -> bool {
+fn explain_nack(stage: &Stage, outcome: &mut Findings, since: usize) -> bool {
     let Some(r) = first_nack(stage, since) else {
         return false;
     };
@@ -516,7 +514,7 @@ fn explain_nack(stage: &Stage, outcome: &mut Outcome, since: usize) -> bool {
 }
 
 /// The closing status table and what happened, in words.
-fn summarize(report: &StatusReport, rollouts: &RolloutReport, outcome: &Outcome) {
+fn summarize(report: &StatusReport, rollouts: &RolloutReport, outcome: &Findings) {
     println!("\nStatus now (what `xdstap status` shows for a running tap):");
     print!("{}", crate::cli::status::render(report, true));
     println!("\nCDS versions (what `xdstap rollout --type CDS` shows, newest first):");

@@ -11,7 +11,7 @@
 
 /// What the deframer found in the bytes fed to it.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Part<'a> {
+pub enum Deframed<'a> {
     /// A message header: compressed flag and body length.
     Start {
         /// The compressed flag of the prefix.
@@ -78,7 +78,7 @@ impl Deframer {
     pub fn feed<'a>(
         &mut self,
         mut chunk: &'a [u8],
-        on_part: &mut impl FnMut(Part<'a>),
+        on_part: &mut impl FnMut(Deframed<'a>),
     ) -> Result<(), FramingError> {
         while !chunk.is_empty() {
             match &mut self.state {
@@ -95,12 +95,12 @@ impl Deframer {
                             return Err(FramingError { flag });
                         }
                         let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]);
-                        on_part(Part::Start {
+                        on_part(Deframed::Start {
                             compressed: flag == 1,
                             len,
                         });
                         if len == 0 {
-                            on_part(Part::End);
+                            on_part(Deframed::End);
                             self.state = State::Header {
                                 buf: [0; 5],
                                 have: 0,
@@ -112,11 +112,11 @@ impl Deframer {
                 }
                 State::Body { left } => {
                     let n = (*left as usize).min(chunk.len());
-                    on_part(Part::Body(&chunk[..n]));
+                    on_part(Deframed::Body(&chunk[..n]));
                     *left -= n as u32;
                     chunk = &chunk[n..];
                     if *left == 0 {
-                        on_part(Part::End);
+                        on_part(Deframed::End);
                         self.state = State::Header {
                             buf: [0; 5],
                             have: 0,
@@ -153,9 +153,9 @@ mod tests {
         let mut result = Ok(());
         for chunk in chunks {
             result = d.feed(chunk, &mut |e| match e {
-                Part::Start { compressed, .. } => out.push((compressed, Vec::new())),
-                Part::Body(b) => out.last_mut().unwrap().1.extend_from_slice(b),
-                Part::End => {}
+                Deframed::Start { compressed, .. } => out.push((compressed, Vec::new())),
+                Deframed::Body(b) => out.last_mut().unwrap().1.extend_from_slice(b),
+                Deframed::End => {}
             });
             if result.is_err() {
                 break;
@@ -202,13 +202,13 @@ mod tests {
         let mut started = None;
         let mut body = 0usize;
         d.feed(&[0, 0xff, 0xff, 0xff, 0xff], &mut |e| match e {
-            Part::Start { len, .. } => started = Some(len),
-            Part::Body(b) => body += b.len(),
-            Part::End => panic!("cannot end"),
+            Deframed::Start { len, .. } => started = Some(len),
+            Deframed::Body(b) => body += b.len(),
+            Deframed::End => panic!("cannot end"),
         })
         .unwrap();
         d.feed(&[1; 1000], &mut |e| {
-            if let Part::Body(b) = e {
+            if let Deframed::Body(b) = e {
                 body += b.len()
             }
         })

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::correlate::{Correlator, Event, Ledger, StreamContext};
-use crate::grpc::{Deframer, Part};
+use crate::grpc::{Deframed, Deframer};
 use crate::proxy::{Direction, Headers, Observe, Side, StreamEnd, StreamInfo, StreamObserver};
 use crate::queue::EventSender;
 use crate::xds::decode::{DecodeError, MessageDecoder};
@@ -157,7 +157,7 @@ impl StreamObserver for Counting {
         if let Some(d) = self.deframers[i].as_mut() {
             let mut messages = 0;
             let framed = d.feed(chunk, &mut |f| {
-                if let Part::End = f {
+                if let Deframed::End = f {
                     messages += 1;
                 }
             });
@@ -268,7 +268,7 @@ impl StreamObserver for XdsStream {
         } = half;
         let messages_before = count.messages;
         let framed = deframer.feed(chunk, &mut |frame| match frame {
-            Part::Start { compressed, len } => {
+            Deframed::Start { compressed, len } => {
                 let d = MessageDecoder::new(kind, len, compressed, encoding.as_deref(), limit)
                     .with_interner(interner.clone());
                 match d.early_error() {
@@ -277,12 +277,12 @@ impl StreamObserver for XdsStream {
                     None => *decoder = Some(d),
                 }
             }
-            Part::Body(b) => {
+            Deframed::Body(b) => {
                 if let Some(d) = decoder.as_mut() {
                     d.feed(b);
                 }
             }
-            Part::End => {
+            Deframed::End => {
                 count.messages += 1;
                 if let Some(d) = decoder.take() {
                     finished.push(d.finish());

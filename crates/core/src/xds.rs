@@ -658,6 +658,9 @@ pub struct Response {
     pub resource_errors: Vec<(String, ErrorDetail)>,
     /// Size of the message body, bytes.
     pub bytes: u64,
+    /// How often a bound of the object reader left something of a resource's metadata out
+    /// (its objects may then be incomplete): counted, never silent.
+    pub origins_cut: u32,
 }
 
 /// A decoded xDS message.

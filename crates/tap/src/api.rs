@@ -100,33 +100,41 @@ impl v1::NackScope {
 }
 
 impl v1::Origin {
-    /// `DestinationRule default/reviews`, with ` section S` when it has one.
+    /// `DestinationRule default/reviews`, with ` section S` when it has one and how the
+    /// resource came from it when not directly; words that are not plain names quoted.
     pub fn label(&self) -> String {
-        crate::xds::origin::label(&self.kind, &self.namespace, &self.name, &self.section)
+        let mut s =
+            crate::xds::origin::label(&self.kind, &self.namespace, &self.name, &self.section);
+        if !self.via.is_empty() {
+            s.push_str(&format!(" (via {})", self.via));
+        }
+        s
     }
 
     /// The object alone, without where it was found: what objects are grouped by.
-    pub fn object_key(&self) -> (String, String, String, String, String) {
+    pub fn object_key(&self) -> ObjectKey {
         (
             self.kind.clone(),
             self.group.clone(),
             self.namespace.clone(),
             self.name.clone(),
             self.section.clone(),
+            self.via.clone(),
         )
     }
 }
+
+/// An object as objects are grouped: kind, group, namespace, name, section, via.
+pub type ObjectKey = (String, String, String, String, String, String);
 
 /// The objects behind a NACK on some node now, from the nodes' reports: each object once,
 /// with how many nodes reject a resource made from it and since when, most nodes first. The
 /// board's report and the CLI's fan-in over several taps compute it alike.
 pub fn rejected_objects(nodes: &[v1::NodeStatus]) -> Vec<v1::RejectedObject> {
-    let mut by: std::collections::BTreeMap<
-        (String, String, String, String, String),
-        v1::RejectedObject,
-    > = std::collections::BTreeMap::new();
+    let mut by: std::collections::BTreeMap<ObjectKey, v1::RejectedObject> =
+        std::collections::BTreeMap::new();
     for n in nodes {
-        let mut counted: Vec<(String, String, String, String, String)> = Vec::new();
+        let mut counted: Vec<ObjectKey> = Vec::new();
         let nacked = (n.types.iter()).filter(|t| t.state() == v1::SyncState::Nacked);
         for (t, nack) in nacked.filter_map(|t| t.nack.as_ref().map(|k| (t, k))) {
             for o in &nack.objects {

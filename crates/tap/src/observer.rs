@@ -38,6 +38,8 @@ pub struct ObserverStats {
     pub nonce_reuses: AtomicU64,
     /// Pushes of content the client had just NACKed, sent again (a control plane's resend loop).
     pub rejected_resends: AtomicU64,
+    /// Times a bound of the object reader cut a resource's metadata short.
+    pub origins_cut: AtomicU64,
     /// gRPC messages forwarded client -> control plane (any method).
     pub request_messages: AtomicU64,
     /// gRPC messages forwarded control plane -> client (any method).
@@ -309,6 +311,10 @@ impl StreamObserver for XdsStream {
                 }
                 Ok(Message::Response(r)) => {
                     self.stats.decoded.fetch_add(1, Ordering::Relaxed);
+                    if r.origins_cut > 0 {
+                        let cut = u64::from(r.origins_cut);
+                        self.stats.origins_cut.fetch_add(cut, Ordering::Relaxed);
+                    }
                     self.correlator.on_response(r, now, &mut self.pending);
                 }
                 Err(e) => self.count_error(&e),

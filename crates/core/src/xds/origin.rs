@@ -60,7 +60,7 @@ pub struct ObjectRef {
     pub kind: Box<str>,
     /// Its API group (`networking.istio.io`; empty for the core group).
     pub group: Box<str>,
-    /// Its namespace (empty when not given).
+    /// Its namespace (empty only for a cluster-scoped kind).
     pub namespace: Box<str>,
     /// Its name.
     pub name: Box<str>,
@@ -69,16 +69,41 @@ pub struct ObjectRef {
     pub section: Box<str>,
     /// Whose metadata named it.
     pub format: Format,
+    /// How the resource was made from it when not directly (empty): through the objects that
+    /// target it, as [`VIA_BACKEND_POLICIES`].
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub via: Box<str>,
 }
 
 impl ObjectRef {
-    /// `DestinationRule default/reviews`, with ` section S` when it has one.
+    /// `DestinationRule default/reviews`, with ` section S` when it has one; a name that is not
+    /// a plain Kubernetes name is quoted, so none can pass for another in a list.
     pub fn label(&self) -> String {
-        label(&self.kind, &self.namespace, &self.name, &self.section)
+        let mut s = label(&self.kind, &self.namespace, &self.name, &self.section);
+        if !self.via.is_empty() {
+            s.push_str(&format!(" (via {})", self.via));
+        }
+        s
     }
 
-    /// The `kubectl get` command that shows it.
-    pub fn kubectl(&self) -> String {
+    /// The `kubectl get` command that shows it; none when a word of it is no Kubernetes name
+    /// (metadata is data a patch can write: a command is printed only when every word of it is
+    /// a name the API server would accept, which needs no quoting). For an object named through
+    /// the backend policies that target it, the policies of its namespace.
+    pub fn kubectl(&self) -> Option<String> {
+        if !is_kind(&self.kind)
+            || !(self.group.is_empty() || is_subdomain(&self.group))
+            || !is_subdomain(&self.name)
+            || !(self.namespace.is_empty() || is_label(&self.namespace))
+        {
+            return None;
+        }
+        if *self.via == *VIA_BACKEND_POLICIES {
+            return Some(format!(
+                "kubectl get backendtlspolicy.gateway.networking.k8s.io -n {} -o yaml",
+                self.namespace
+            ));
+        }
         let resource = match self.group.is_empty() {
             true => self.kind.to_ascii_lowercase(),
             false => format!("{}.{}", self.kind.to_ascii_lowercase(), self.group),
@@ -89,22 +114,62 @@ impl ObjectRef {
             s.push_str(&self.namespace);
         }
         s.push_str(" -o yaml");
-        s
+        Some(s)
+    }
+}
+
+/// A kind as Kubernetes spells them: a letter, then letters and digits.
+fn is_kind(s: &str) -> bool {
+    s.starts_with(|c: char| c.is_ascii_alphabetic())
+        && s.len() <= 63
+        && s.chars().all(|c| c.is_ascii_alphanumeric())
+}
+
+/// A DNS subdomain (RFC 1123), as most object names and API groups are.
+fn is_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(|l| is_label_chars(l, 63))
+}
+
+/// A DNS label (RFC 1123), as namespaces are.
+fn is_label(s: &str) -> bool {
+    is_label_chars(s, 63)
+}
+
+fn is_label_chars(s: &str, max: usize) -> bool {
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    !s.is_empty()
+        && s.len() <= max
+        && edge(s.chars().next())
+        && edge(s.chars().next_back())
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+}
+
+/// A word of an object as a list shows it: as it is when plain (letters, digits, `.`, `-`,
+/// `_`, `~`, `|`, `:`), else quoted with its escapes, so that no name can pass for two objects
+/// or carry a control character to a terminal.
+pub fn shown(s: &str) -> std::borrow::Cow<'_, str> {
+    let plain = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || ".-_~|:".contains(c));
+    match plain {
+        true => s.into(),
+        false => format!("{s:?}").into(),
     }
 }
 
 /// An object as people read it: `DestinationRule default/reviews`, with ` section S` when it
-/// has a section (a Gateway's listener, a route's rule).
+/// has a section (a Gateway's listener, a route's rule); words that are not plain are quoted.
 pub fn label(kind: &str, namespace: &str, name: &str, section: &str) -> String {
-    let mut s = format!("{kind} ");
+    let mut s = format!("{} ", shown(kind));
     if !namespace.is_empty() {
-        s.push_str(namespace);
+        s.push_str(&shown(namespace));
         s.push('/');
     }
-    s.push_str(name);
+    s.push_str(&shown(name));
     if !section.is_empty() {
         s.push_str(" section ");
-        s.push_str(section);
+        s.push_str(&shown(section));
     }
     s
 }
@@ -240,7 +305,7 @@ pub fn behind(resource: &str, origins: Option<&Origins>, words: &Words<'_>, out:
 
 /// Which metadata a filter key holds, when it is one read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Filter {
+pub(crate) enum Filter {
     Istio,
     EnvoyGateway,
     Contour,
@@ -255,116 +320,68 @@ impl Filter {
             _ => None,
         }
     }
+
+    /// A key of the filter's struct whose value names an object as a string.
+    fn is_string_key(self, key: &str) -> bool {
+        match self {
+            Filter::Istio => key == "config",
+            Filter::EnvoyGateway => false,
+            Filter::Contour => matches!(
+                key.strip_prefix("io.projectcontour."),
+                Some("kind" | "namespace" | "name")
+            ),
+        }
+    }
+
+    /// A key of the filter's struct whose value is a list of structs naming objects.
+    fn is_list_key(self, key: &str) -> bool {
+        match self {
+            Filter::Istio => key == "services",
+            Filter::EnvoyGateway => matches!(key, "resources" | "policies"),
+            Filter::Contour => false,
+        }
+    }
+
+    /// A key of such a list's struct whose string says something of the object.
+    fn is_item_key(self, key: &str) -> bool {
+        match self {
+            Filter::Istio => matches!(key, "name" | "namespace"),
+            Filter::EnvoyGateway => matches!(key, "kind" | "name" | "namespace" | "sectionName"),
+            Filter::Contour => false,
+        }
+    }
 }
 
-/// One string of a metadata struct that names an object, by where it sat.
+/// One string of a metadata struct that names an object, where the form has a string: a key of
+/// the filter's struct (`config`), or a key of a struct that is an item of a list there
+/// (`services` -> `name`). A value of another shape at such a place (a list, a number, a null,
+/// a struct) is no string, and names nothing.
 #[derive(Debug)]
-struct Field<'a> {
+struct Field {
     filter: Filter,
-    /// The struct keys down to it: `config`, `services.host`, `resources.kind`.
-    path: [&'a str; 2],
-    /// Its place in the outermost list, when in one.
+    /// The struct keys down to it: `[config, ""]`, `[services, name]`.
+    path: [Box<str>; 2],
+    /// Its place in the list, when in one.
     item: Option<u32>,
-    value: &'a str,
+    value: Box<str>,
 }
 
-/// Struct and list levels read at most within one filter's metadata.
-const MAX_NESTING: usize = 8;
+/// Strings of one `Metadata` kept at most: what the forms read need a few; past it the rest is
+/// skipped and counted (the resource's objects may then be incomplete).
+pub const MAX_FIELDS: usize = 64;
 
-/// The length-delimited fields of a protobuf message: (number, bytes); other wire types are
-/// skipped. Ends at the first malformed field (a cut or bad message reads as far as it is whole).
-fn len_fields(mut b: &[u8]) -> impl Iterator<Item = (u32, &[u8])> {
-    std::iter::from_fn(move || loop {
-        let (tag, n) = varint(b)?;
-        b = &b[n..];
-        let field = (tag >> 3) as u32;
-        match tag & 7 {
-            0 => b = &b[varint(b)?.1..],
-            1 => b = b.get(8..)?,
-            5 => b = b.get(4..)?,
-            2 => {
-                let (len, n) = varint(b)?;
-                let end = n.checked_add(usize::try_from(len).ok()?)?;
-                let value = b.get(n..end)?;
-                b = &b[end..];
-                return Some((field, value));
-            }
-            _ => return None,
-        }
-    })
-}
-
-fn varint(b: &[u8]) -> Option<(u64, usize)> {
-    let mut v = 0u64;
-    for (i, byte) in b.iter().enumerate().take(10) {
-        v |= u64::from(byte & 0x7f) << (7 * i);
-        if byte & 0x80 == 0 {
-            return Some((v, i + 1));
-        }
-    }
-    None
-}
-
-/// The strings of `value` (a `google.protobuf.Value`) at struct keys `path` (two at most kept),
-/// into `out`.
-fn read_value<'a>(
-    filter: Filter,
-    value: &'a [u8],
-    path: &mut Vec<&'a str>,
+/// Where the scanner stands in a `Metadata` message as it streams past: which filter's struct,
+/// which key, which item of a list. The scanner descends only where a form names an object and
+/// skips the rest without holding it, so other filters' metadata of any size, in any order,
+/// costs only its bytes passing.
+#[derive(Debug, Default)]
+pub(crate) struct MetaReader {
+    filter: Option<Filter>,
+    key: String,
     item: Option<u32>,
-    out: &mut Vec<Field<'a>>,
-) {
-    if path.len() > MAX_NESTING || out.len() >= 4 * MAX_OBJECTS {
-        return;
-    }
-    for (field, bytes) in len_fields(value) {
-        match field {
-            3 => {
-                if let (Ok(text), 1..=2) = (std::str::from_utf8(bytes), path.len()) {
-                    out.push(Field {
-                        filter,
-                        path: [path[0], path.get(1).copied().unwrap_or("")],
-                        item,
-                        value: text,
-                    });
-                }
-            }
-            5 => read_struct(filter, bytes, path, item, out),
-            6 => {
-                for (k, (_, v)) in len_fields(bytes).filter(|(f, _)| *f == 1).enumerate() {
-                    // The outermost list's index names the item.
-                    let item = item.or(Some(k as u32));
-                    read_value(filter, v, path, item, out);
-                }
-            }
-            _ => {}
-        }
-    }
-}
-
-/// The entries of `s` (a `google.protobuf.Struct`), each read at its key.
-fn read_struct<'a>(
-    filter: Filter,
-    s: &'a [u8],
-    path: &mut Vec<&'a str>,
-    item: Option<u32>,
-    out: &mut Vec<Field<'a>>,
-) {
-    for (_, entry) in len_fields(s).filter(|(f, _)| *f == 1) {
-        let (mut key, mut value) = ("", None);
-        for (f, bytes) in len_fields(entry) {
-            match f {
-                1 => key = std::str::from_utf8(bytes).unwrap_or(""),
-                2 => value = Some(bytes),
-                _ => {}
-            }
-        }
-        if let Some(value) = value {
-            path.push(key);
-            read_value(filter, value, path, item, out);
-            path.pop();
-        }
-    }
+    items: u32,
+    item_key: String,
+    fields: Vec<Field>,
 }
 
 /// An open part: the one being read.
@@ -393,6 +410,10 @@ pub(crate) struct Reader {
     parts: Vec<Part>,
     /// Open parts, outermost first (a route inside a virtual host).
     open: Vec<Draft>,
+    /// The `Metadata` being read.
+    meta: MetaReader,
+    /// How often a bound left something out (parts, objects, names, metadata strings).
+    cut: u32,
 }
 
 impl Reader {
@@ -415,7 +436,11 @@ impl Reader {
     }
 
     fn keep(&mut self, d: Draft) {
-        if d.objects.is_empty() || self.parts.len() >= MAX_PARTS {
+        if d.objects.is_empty() {
+            return;
+        }
+        if self.parts.len() >= MAX_PARTS {
+            self.cut();
             return;
         }
         self.parts.push(Part {
@@ -436,39 +461,150 @@ impl Reader {
 
     /// Something else the innermost part is known by: a cluster a route sends to, a domain.
     pub(crate) fn reference(&mut self, text: &str) {
-        if let Some(d) = self.open.last_mut() {
-            if d.refs.len() < MAX_REFS && !d.refs.iter().any(|r| &**r == text) {
-                d.refs.push(text.into());
-            }
+        let Some(d) = self.open.last_mut() else {
+            return;
+        };
+        if d.refs.iter().any(|r| &**r == text) {
+            return;
+        }
+        match d.refs.len() < MAX_REFS {
+            true => d.refs.push(text.into()),
+            false => self.cut = self.cut.saturating_add(1),
         }
     }
 
-    /// A `Metadata` message, whole (`bytes`): the objects it names go to the part it belongs
-    /// to (the resource itself when no part is open).
-    pub(crate) fn metadata(&mut self, bytes: &[u8]) {
-        let mut fields = Vec::with_capacity(16);
-        let mut path = Vec::with_capacity(4);
-        for (_, entry) in len_fields(bytes).filter(|(f, _)| *f == 1) {
-            let (mut filter, mut value) = (None, None);
-            for (f, b) in len_fields(entry) {
-                match f {
-                    1 => filter = std::str::from_utf8(b).ok().and_then(Filter::of),
-                    2 => value = Some(b),
-                    _ => {}
-                }
-            }
-            if let (Some(filter), Some(value)) = (filter, value) {
-                read_struct(filter, value, &mut path, None, &mut fields);
-            }
+    /// A `Metadata` message starts.
+    pub(crate) fn meta_start(&mut self) {
+        self.meta.fields.clear();
+        self.meta.filter = None;
+    }
+
+    /// A `filter_metadata` entry starts (its key, the filter's name, comes first).
+    pub(crate) fn meta_filter_start(&mut self) {
+        self.meta.filter = None;
+    }
+
+    /// The entry's key: the filter's name.
+    pub(crate) fn meta_filter(&mut self, name: &str) {
+        self.meta.filter = Filter::of(name);
+    }
+
+    /// Whether the entry's struct is one a form reads (its key came first and names it).
+    pub(crate) fn meta_wants_filter(&self) -> bool {
+        self.meta.filter.is_some()
+    }
+
+    /// A field of the filter's struct starts.
+    pub(crate) fn meta_key_start(&mut self) {
+        self.meta.key.clear();
+        self.meta.item = None;
+    }
+
+    /// Its key.
+    pub(crate) fn meta_key(&mut self, key: &str) {
+        self.meta.key.clear();
+        self.meta.key.push_str(key);
+    }
+
+    /// Whether its value is read: a key a form names, as a string or as a list.
+    pub(crate) fn meta_wants_value(&self) -> bool {
+        self.meta
+            .filter
+            .is_some_and(|f| f.is_string_key(&self.meta.key) || f.is_list_key(&self.meta.key))
+    }
+
+    /// Whether the value, a string, is one a form reads (not one in a list's place).
+    pub(crate) fn meta_wants_string(&self) -> bool {
+        (self.meta.filter).is_some_and(|f| f.is_string_key(&self.meta.key))
+    }
+
+    /// Whether the value, a list, is one a form reads.
+    pub(crate) fn meta_wants_list(&self) -> bool {
+        (self.meta.filter).is_some_and(|f| f.is_list_key(&self.meta.key))
+    }
+
+    /// A list of the filter's struct starts.
+    pub(crate) fn meta_list_start(&mut self) {
+        self.meta.items = 0;
+    }
+
+    /// An item of the list starts.
+    pub(crate) fn meta_item_start(&mut self) {
+        self.meta.item = Some(self.meta.items);
+        self.meta.items = self.meta.items.saturating_add(1);
+    }
+
+    /// A field of the item's struct starts.
+    pub(crate) fn meta_item_key_start(&mut self) {
+        self.meta.item_key.clear();
+    }
+
+    /// Its key.
+    pub(crate) fn meta_item_key(&mut self, key: &str) {
+        self.meta.item_key.clear();
+        self.meta.item_key.push_str(key);
+    }
+
+    /// Whether its value is read.
+    pub(crate) fn meta_wants_item_value(&self) -> bool {
+        (self.meta.filter).is_some_and(|f| f.is_item_key(&self.meta.item_key))
+    }
+
+    /// A string at the place the scanner stands (a filter's key, or an item's).
+    pub(crate) fn meta_string(&mut self, value: &str) {
+        let Some(filter) = self.meta.filter else {
+            return;
+        };
+        if self.meta.fields.len() >= MAX_FIELDS {
+            self.cut();
+            return;
         }
+        let path: [Box<str>; 2] = match self.meta.item {
+            Some(_) => [
+                self.meta.key.as_str().into(),
+                self.meta.item_key.as_str().into(),
+            ],
+            None => [self.meta.key.as_str().into(), "".into()],
+        };
+        self.meta.fields.push(Field {
+            filter,
+            path,
+            item: self.meta.item,
+            value: value.into(),
+        });
+    }
+
+    /// Something the reader's bounds leave out: the resource's objects may be incomplete.
+    pub(crate) fn cut(&mut self) {
+        self.cut = self.cut.saturating_add(1);
+    }
+
+    /// How often the bounds left something out, since the last call.
+    pub(crate) fn take_cut(&mut self) -> u32 {
+        std::mem::take(&mut self.cut)
+    }
+
+    /// The `Metadata` message ends: the objects it names go to the part it belongs to (the
+    /// resource itself when no part is open).
+    pub(crate) fn meta_end(&mut self) {
+        let fields = std::mem::take(&mut self.meta.fields);
         let objects = objects_of(&fields);
+        self.meta.fields = fields;
+        self.meta.fields.clear();
         if objects.is_empty() {
             return;
         }
         match self.open.last_mut() {
-            Some(d) => add(&mut d.objects, objects),
+            Some(d) => {
+                if add(&mut d.objects, objects) {
+                    self.cut();
+                }
+            }
             None => {
                 let mut d = Draft::new(PartKind::Resource);
+                if objects.len() > MAX_OBJECTS {
+                    self.cut = self.cut.saturating_add(1);
+                }
                 d.objects = objects;
                 d.objects.truncate(MAX_OBJECTS);
                 self.keep(d);
@@ -490,91 +626,125 @@ impl Reader {
     }
 }
 
-fn add(to: &mut Vec<ObjectRef>, objects: Vec<ObjectRef>) {
+/// Adds `objects` to a part's; whether some did not fit.
+fn add(to: &mut Vec<ObjectRef>, objects: Vec<ObjectRef>) -> bool {
+    let mut cut = false;
     for o in objects {
-        if to.len() < MAX_OBJECTS && !to.contains(&o) {
-            to.push(o);
+        if to.contains(&o) {
+            continue;
+        }
+        match to.len() < MAX_OBJECTS {
+            true => to.push(o),
+            false => cut = true,
         }
     }
+    cut
 }
 
-/// The objects one metadata's fields name.
-fn objects_of(fields: &[Field<'_>]) -> Vec<ObjectRef> {
+/// The objects one metadata's fields name. An object needs a kind and a name, and a namespace
+/// unless its kind is cluster-scoped: a namespaced object without one is no object (a
+/// `kubectl get` would look in whatever namespace is current), so none is named rather than an
+/// incomplete one. A key given twice in a struct is its last value, as protobuf maps read.
+fn objects_of(fields: &[Field]) -> Vec<ObjectRef> {
     let mut out = Vec::with_capacity(2);
-    for f in fields.iter().filter(|f| f.filter == Filter::Istio) {
-        if f.path == ["config", ""] {
-            out.extend(istio_config(f.value));
-        }
-    }
+    let value = |filter: Filter, item: Option<u32>, path: [&str; 2]| {
+        (fields.iter().rev())
+            .find(|f| {
+                f.filter == filter
+                    && f.item == item
+                    && *f.path[0] == *path[0]
+                    && *f.path[1] == *path[1]
+            })
+            .map_or("", |f| &*f.value)
+    };
+    let config = value(Filter::Istio, None, ["config", ""]);
+    out.extend(istio_config(config));
     // Lists of structs: the fields of one item share its place.
     let items = |filter: Filter, list: &str| {
-        let mut seen: Vec<Option<u32>> = Vec::new();
+        let mut seen: Vec<u32> = Vec::new();
         for f in fields
             .iter()
-            .filter(|f| f.filter == filter && f.path[0] == list)
+            .filter(|f| f.filter == filter && *f.path[0] == *list)
         {
-            if !seen.contains(&f.item) {
-                seen.push(f.item);
+            if let Some(i) = f.item.filter(|i| !seen.contains(i)) {
+                seen.push(i);
             }
         }
         seen
     };
-    let value = |filter: Filter, item: Option<u32>, path: [&str; 2]| {
-        (fields.iter())
-            .find(|f| f.filter == filter && f.item == item && f.path == path)
-            .map_or("", |f| f.value)
-    };
     for item in items(Filter::Istio, "services") {
-        let name = value(Filter::Istio, item, ["services", "name"]);
-        if !name.is_empty() {
-            out.push(ObjectRef {
-                kind: "Service".into(),
-                group: "".into(),
-                namespace: value(Filter::Istio, item, ["services", "namespace"]).into(),
-                name: name.into(),
-                section: "".into(),
-                format: Format::Istio,
-            });
-        }
+        let at = |k: &str| value(Filter::Istio, Some(item), ["services", k]);
+        out.extend(object(
+            "Service",
+            "",
+            at("namespace"),
+            at("name"),
+            "",
+            Format::Istio,
+        ));
     }
     for list in ["resources", "policies"] {
         for item in items(Filter::EnvoyGateway, list) {
-            let at = |k: &str| value(Filter::EnvoyGateway, item, [list, k]);
-            let (kind, name) = (at("kind"), at("name"));
-            if kind.is_empty() || name.is_empty() {
-                continue;
-            }
-            out.push(ObjectRef {
-                kind: kind.into(),
-                group: group_of(kind).into(),
-                namespace: at("namespace").into(),
-                name: name.into(),
-                section: at("sectionName").into(),
-                format: Format::EnvoyGateway,
-            });
+            let at = |k: &str| value(Filter::EnvoyGateway, Some(item), [list, k]);
+            let kind = at("kind");
+            let o = object(
+                kind,
+                group_of(kind),
+                at("namespace"),
+                at("name"),
+                at("sectionName"),
+                Format::EnvoyGateway,
+            );
+            out.extend(o);
         }
     }
     let contour = |k: &str| {
-        (fields.iter())
-            .find(|f| {
-                f.filter == Filter::Contour
-                    && f.path[1].is_empty()
-                    && f.path[0].strip_prefix("io.projectcontour.") == Some(k)
-            })
-            .map_or("", |f| f.value)
+        value(
+            Filter::Contour,
+            None,
+            [&format!("io.projectcontour.{k}"), ""],
+        )
     };
-    if !contour("kind").is_empty() && !contour("name").is_empty() {
-        let kind = contour("kind");
-        out.push(ObjectRef {
-            kind: kind.into(),
-            group: group_of(kind).into(),
-            namespace: contour("namespace").into(),
-            name: contour("name").into(),
-            section: "".into(),
-            format: Format::Contour,
-        });
-    }
+    let kind = contour("kind");
+    let o = object(
+        kind,
+        group_of(kind),
+        contour("namespace"),
+        contour("name"),
+        "",
+        Format::Contour,
+    );
+    out.extend(o);
     out
+}
+
+/// The object of these words, when they make one: a kind and a name, and a namespace unless
+/// the kind is cluster-scoped.
+fn object(
+    kind: &str,
+    group: &str,
+    namespace: &str,
+    name: &str,
+    section: &str,
+    format: Format,
+) -> Option<ObjectRef> {
+    if kind.is_empty() || name.is_empty() || (namespace.is_empty() && !cluster_scoped(kind)) {
+        return None;
+    }
+    Some(ObjectRef {
+        kind: kind.into(),
+        group: group.into(),
+        namespace: namespace.into(),
+        name: name.into(),
+        section: section.into(),
+        format,
+        via: "".into(),
+    })
+}
+
+/// Kinds the control planes name that live outside any namespace.
+fn cluster_scoped(kind: &str) -> bool {
+    matches!(kind, "GatewayClass" | "Namespace" | "ClusterIssuer")
 }
 
 /// The API group of a kind the gateways' metadata names (they give the kind only).
@@ -607,7 +777,7 @@ fn istio_config(path: &str) -> Option<ObjectRef> {
     let ["apis", group, _version, "namespaces", namespace, kind, name] = parts[..] else {
         return None;
     };
-    if name.is_empty() || kind.is_empty() {
+    if name.is_empty() || kind.is_empty() || namespace.is_empty() {
         return None;
     }
     let object = |kind: &str, group: &str, name: &str| ObjectRef {
@@ -617,14 +787,44 @@ fn istio_config(path: &str) -> Option<ObjectRef> {
         name: name.into(),
         section: "".into(),
         format: Format::Istio,
+        via: "".into(),
     };
     if kind == "virtual-service" {
         if let Some((route, kind)) = generated_route(name) {
             return Some(object(kind, "gateway.networking.k8s.io", route));
         }
     }
+    if kind == "destination-rule" {
+        if let Some(target) = name
+            .strip_suffix(GENERATED)
+            .and_then(|h| h.strip_suffix('~'))
+        {
+            // istiod's DestinationRule made from the Gateway API backend policies (BackendTLSPolicy,
+            // XBackendTrafficPolicy) that target a Service (`SVC~...`) or a ServiceEntry
+            // (`SE~HOST~...`): no user wrote it; the policies on that target are the objects.
+            let (kind, target) = match target.split_once('~') {
+                Some((entry, _host)) => ("ServiceEntry", entry),
+                None => ("Service", target),
+            };
+            let group = match kind {
+                "ServiceEntry" => "networking.istio.io",
+                _ => "",
+            };
+            if target.is_empty() {
+                return None;
+            }
+            return Some(ObjectRef {
+                via: VIA_BACKEND_POLICIES.into(),
+                ..object(kind, group, target)
+            });
+        }
+    }
     Some(object(&camel(kind), group, name))
 }
+
+/// How an object names a resource through istiod's generated DestinationRule: the Gateway API
+/// backend policies that target it.
+pub const VIA_BACKEND_POLICIES: &str = "its Gateway API backend policies";
 
 /// `ROUTE~N~istio-autogenerated-k8s-gateway` (or with `-`; `~tcp~`, `~tls~` before N for
 /// TCP and TLS routes): the route's name and kind.
@@ -672,6 +872,9 @@ fn camel(kebab: &str) -> String {
 }
 
 #[cfg(test)]
+mod attribution;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -683,8 +886,8 @@ mod tests {
         .unwrap();
         assert_eq!(dr.label(), "DestinationRule default/reviews");
         assert_eq!(
-            dr.kubectl(),
-            "kubectl get destinationrule.networking.istio.io reviews -n default -o yaml"
+            dr.kubectl().as_deref(),
+            Some("kubectl get destinationrule.networking.istio.io reviews -n default -o yaml")
         );
         let old = istio_config("/apis/networking.istio.io/v1alpha3/namespaces/a/virtual-service/b")
             .unwrap();
@@ -742,6 +945,7 @@ mod tests {
                     name: (*n).into(),
                     section: "".into(),
                     format: Format::Istio,
+                    via: "".into(),
                 })
                 .collect(),
         }

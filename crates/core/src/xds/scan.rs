@@ -30,10 +30,10 @@ pub const RESOURCE_WRAPPER: &str = "type.googleapis.com/envoy.service.discovery.
 const DISCOVERY_TYPE_EDS: u64 = 3;
 
 const MAX_STRING: usize = 4096;
-/// The most of one `Metadata` message read (a control plane's run to a few hundred bytes).
-const MAX_METADATA: usize = 16 << 10;
 const MAX_ERROR_MESSAGE: usize = 64 * 1024;
-const MAX_DEPTH: usize = 16;
+/// Nesting descended at most: a route's metadata, a list item's struct within it, inside a
+/// wrapped resource, is 17 deep.
+const MAX_DEPTH: usize = 24;
 /// What one listener needs (RDS and SDS names), kept at most.
 const MAX_NEEDS: usize = 64;
 /// `resource_errors` kept per response at most.
@@ -159,6 +159,29 @@ enum Msg {
     ClusterWeight,
     /// A load assignment's `LocalityLbEndpoints` (2): `metadata` 9.
     Locality,
+    /// A `RequestMirrorPolicy` (a route action's 30, a virtual host's 22): `cluster` 1.
+    Mirror,
+    /// An `envoy.config.core.v3.Metadata`: `filter_metadata` 1, a map of filter name to
+    /// `google.protobuf.Struct`. Read as it streams past, only where a form names an object.
+    Metadata,
+    /// A `filter_metadata` entry: key 1 (the filter), value 2 (its struct).
+    MetaFilter,
+    /// The filter's `Struct`: `fields` 1, a map.
+    MetaTop,
+    /// A field of it: key 1, value 2 (`google.protobuf.Value`).
+    MetaTopEntry,
+    /// Its `Value`: `string_value` 3, `list_value` 6.
+    MetaTopValue,
+    /// A `ListValue`: `values` 1.
+    MetaList,
+    /// An item of it (a `Value`): `struct_value` 5.
+    MetaItem,
+    /// The item's `Struct`: `fields` 1.
+    MetaItemStruct,
+    /// A field of it: key 1, value 2.
+    MetaItemEntry,
+    /// Its `Value`: `string_value` 3.
+    MetaItemValue,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -192,8 +215,13 @@ enum Slot {
     PartName,
     /// What else a part is known by: a route's cluster, a virtual host's domain.
     PartRef,
-    /// A `Metadata` message, taken whole (up to [`MAX_METADATA`]) and read as bytes.
-    Metadata,
+    /// A `filter_metadata` key: a filter's name.
+    MetaFilterKey,
+    /// A key of a filter's struct, or of a struct that is an item of a list there.
+    MetaKey,
+    MetaItemKey,
+    /// A string value where a form names an object.
+    MetaString,
 }
 
 enum Action {
@@ -740,10 +768,14 @@ impl Scanner {
                         self.stack.push(Frame { msg, end });
                         self.begin(msg);
                     }
+                    // A name longer than any Kubernetes name, cut, would name another object.
+                    Action::Capture(Slot::MetaString) if v > MAX_STRING as u64 => {
+                        self.origins.cut();
+                        self.state = State::Skip { left: v };
+                    }
                     Action::Capture(slot) if v > 0 => {
                         let cap = match slot {
                             Slot::StatusMessage => MAX_ERROR_MESSAGE,
-                            Slot::Metadata => MAX_METADATA,
                             _ => MAX_STRING,
                         };
                         self.state = State::Capture { slot, left: v, cap };
@@ -804,14 +836,34 @@ impl Scanner {
             (Msg::Body, 1) => C(Slot::BodyName),
             (Msg::Body, 3) if self.cluster => D(Msg::EdsConfig),
             (Msg::Body, 3 | 25) if self.listener => D(Msg::FilterChain),
-            (Msg::Body, 25) if self.cluster => C(Slot::Metadata),
+            (Msg::Body, 25) if self.cluster => D(Msg::Metadata),
             (Msg::Body, 2) if self.routes => D(Msg::VirtualHost),
             (Msg::Body, 2) if self.endpoints => D(Msg::Locality),
-            (Msg::FilterChain, 5) => C(Slot::Metadata),
+            (Msg::FilterChain, 5) => D(Msg::Metadata),
             (Msg::FilterChain, 7) | (Msg::VirtualHost, 1) | (Msg::Route, 14) => C(Slot::PartName),
             (Msg::VirtualHost, 2) | (Msg::RouteAction | Msg::ClusterWeight, 1) => C(Slot::PartRef),
             (Msg::VirtualHost, 3) => D(Msg::Route),
-            (Msg::VirtualHost, 24) | (Msg::Route, 4) | (Msg::Locality, 9) => C(Slot::Metadata),
+            (Msg::VirtualHost, 24) | (Msg::Route, 4) | (Msg::Locality, 9) => D(Msg::Metadata),
+            // Every cluster a route can send to names it: mirrors too (a route's, or its
+            // virtual host's for all its routes).
+            (Msg::RouteAction, 30) | (Msg::VirtualHost, 22) => D(Msg::Mirror),
+            (Msg::Mirror, 1) => C(Slot::PartRef),
+            (Msg::Metadata, 1) => D(Msg::MetaFilter),
+            (Msg::MetaFilter, 1) => C(Slot::MetaFilterKey),
+            (Msg::MetaFilter, 2) if self.origins.meta_wants_filter() => D(Msg::MetaTop),
+            (Msg::MetaTop, 1) => D(Msg::MetaTopEntry),
+            (Msg::MetaTopEntry, 1) => C(Slot::MetaKey),
+            (Msg::MetaTopEntry, 2) if self.origins.meta_wants_value() => D(Msg::MetaTopValue),
+            (Msg::MetaTopValue, 3) if self.origins.meta_wants_string() => C(Slot::MetaString),
+            (Msg::MetaTopValue, 6) if self.origins.meta_wants_list() => D(Msg::MetaList),
+            (Msg::MetaList, 1) => D(Msg::MetaItem),
+            (Msg::MetaItem, 5) => D(Msg::MetaItemStruct),
+            (Msg::MetaItemStruct, 1) => D(Msg::MetaItemEntry),
+            (Msg::MetaItemEntry, 1) => C(Slot::MetaItemKey),
+            (Msg::MetaItemEntry, 2) if self.origins.meta_wants_item_value() => {
+                D(Msg::MetaItemValue)
+            }
+            (Msg::MetaItemValue, 3) => C(Slot::MetaString),
             (Msg::Route, 2) => D(Msg::RouteAction),
             (Msg::RouteAction, 3) => D(Msg::Weighted),
             (Msg::Weighted, 1) => D(Msg::ClusterWeight),
@@ -883,6 +935,12 @@ impl Scanner {
             Msg::VirtualHost => self.origins.open(PartKind::VirtualHost),
             Msg::Route => self.origins.open(PartKind::Route),
             Msg::Locality => self.origins.open(PartKind::Locality),
+            Msg::Metadata => self.origins.meta_start(),
+            Msg::MetaFilter => self.origins.meta_filter_start(),
+            Msg::MetaTopEntry => self.origins.meta_key_start(),
+            Msg::MetaList => self.origins.meta_list_start(),
+            Msg::MetaItem => self.origins.meta_item_start(),
+            Msg::MetaItemEntry => self.origins.meta_item_key_start(),
             Msg::FilterAny | Msg::TlsAny => self.dep_any.clear(),
             Msg::Node => self.node = Some(Node::default()),
             Msg::SemVer => self.semver = [0; 3],
@@ -905,6 +963,7 @@ impl Scanner {
             Msg::FilterChain | Msg::VirtualHost | Msg::Route | Msg::Locality => {
                 self.origins.close()
             }
+            Msg::Metadata => self.origins.meta_end(),
             Msg::Ttl => {
                 let [seconds, nanos] = self.ttl;
                 let ms = seconds
@@ -1011,8 +1070,17 @@ impl Scanner {
                 }
             }
             (Slot::RdsName | Slot::SdsName, _) => {}
-            // Cut at the cap, it reads as far as it is whole.
-            (Slot::Metadata, _) => self.origins.metadata(&self.buf),
+            (Slot::MetaFilterKey | Slot::MetaKey | Slot::MetaItemKey | Slot::MetaString, _) => {
+                let mut text = std::mem::take(&mut self.scratch);
+                text_into(&self.buf, &mut text);
+                match slot {
+                    Slot::MetaFilterKey => self.origins.meta_filter(&text),
+                    Slot::MetaKey => self.origins.meta_key(&text),
+                    Slot::MetaItemKey => self.origins.meta_item_key(&text),
+                    _ => self.origins.meta_string(&text),
+                }
+                self.scratch = text;
+            }
             (Slot::PartName | Slot::PartRef, _) => {
                 let mut text = std::mem::take(&mut self.scratch);
                 text_into(&self.buf, &mut text);
@@ -1078,7 +1146,8 @@ impl Scanner {
             | Slot::RdsName
             | Slot::SdsName => {}
             Slot::PartName | Slot::PartRef => self.part_text(slot, &text),
-            Slot::Metadata => {}
+            Slot::MetaFilterKey | Slot::MetaKey | Slot::MetaItemKey => {}
+            Slot::MetaString => self.origins.meta_string(&text),
             Slot::MapKey | Slot::ErrorName => self.map_key = text,
             Slot::MapValue => self.map_value = text,
         }
@@ -1112,6 +1181,7 @@ impl Scanner {
             MessageKind::Response(_) => {
                 let mut resp = self.resp;
                 resp.bytes = self.pos;
+                resp.origins_cut = self.origins.take_cut();
                 Message::Response(resp)
             }
         })

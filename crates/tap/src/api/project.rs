@@ -118,8 +118,9 @@ impl From<&Origin> for v1::Origin {
             resource: o.resource.clone(),
             part: o.part.clone(),
             named: o.named,
-            kubectl: o.object.kubectl(),
+            kubectl: o.object.kubectl().unwrap_or_default(),
             since: String::new(),
+            via: o.object.via.to_string(),
         }
     }
 }

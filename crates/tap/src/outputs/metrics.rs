@@ -274,6 +274,12 @@ impl Sources {
                 &t.rejected_resends,
             ),
             (
+                "xdstap_object_metadata_cut",
+                "Times a bound of the object reader left part of a resource's metadata out (its \
+                 objects may be incomplete).",
+                &t.origins_cut,
+            ),
+            (
                 "xdstap_dropped_events",
                 "Correlation events dropped because the sinks fell behind.",
                 &t.dropped_events,

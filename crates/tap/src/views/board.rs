@@ -1061,4 +1061,67 @@ mod tests {
         feed(&board, std::mem::take(&mut e));
         assert_eq!(l(19 * S), (C::Acked, String::new()));
     }
+
+    /// A push of clusters `a` and `b` (by `version`, so each push differs), each made from the
+    /// DestinationRule of its name, as istiod's metadata says.
+    fn with_objects(version: &str, nonce: &str) -> Response {
+        use crate::xds::origin::{Format, ObjectRef, Origins, Part, PartKind};
+        let mut r = resp(version, nonce, &[]);
+        r.resources = crate::xds::Resources::default();
+        for name in ["a", "b"] {
+            r.resources
+                .push_parts(name, None, version.len() as u64 * 10 + name.len() as u64);
+            r.resources.mark_origins(std::sync::Arc::new(Origins {
+                parts: vec![Part {
+                    kind: PartKind::Resource,
+                    name: "".into(),
+                    refs: Box::new([]),
+                    objects: vec![ObjectRef {
+                        kind: "DestinationRule".into(),
+                        group: "networking.istio.io".into(),
+                        namespace: "default".into(),
+                        name: name.into(),
+                        section: "".into(),
+                        format: Format::Istio,
+                        via: "".into(),
+                    }]
+                    .into(),
+                }]
+                .into(),
+            }));
+        }
+        r
+    }
+
+    /// An object is rejected since the first NACK that named it, not since the node's NACKs
+    /// began: v2's NACK names a, v3's names a and b; b is rejected since v3's.
+    #[test]
+    fn an_object_is_rejected_since_the_first_nack_that_named_it() {
+        let board = StatusBoard::new(StatusSettings::default());
+        let mut c = stream(1);
+        let mut e = Vec::new();
+        c.on_request(req(Some("n1"), "", "", None), S, &mut e);
+        c.on_response(with_objects("v1", "1"), S, &mut e);
+        c.on_request(req(None, "v1", "1", None), S, &mut e);
+        c.on_response(with_objects("v2", "2"), 2 * S, &mut e);
+        c.on_request(req(None, "v1", "2", Some("cluster a: bad")), 3 * S, &mut e);
+        c.on_response(with_objects("v3", "3"), 10 * S, &mut e);
+        c.on_request(
+            req(None, "v1", "3", Some("clusters a, b: bad")),
+            11 * S,
+            &mut e,
+        );
+        feed(&board, e);
+        let report = board.report(12 * S, None);
+        let since: BTreeMap<String, String> = (report.rejected_objects.iter())
+            .map(|r| (r.object.as_ref().unwrap().name.clone(), r.since.clone()))
+            .collect();
+        assert_eq!(since["a"], rfc3339(3 * S), "{since:?}");
+        assert_eq!(since["b"], rfc3339(11 * S), "{since:?}");
+        // The node's NACKs began with v2's.
+        assert_eq!(
+            cds(&board, "n1", 12 * S).nack.unwrap().since,
+            rfc3339(3 * S)
+        );
+    }
 }

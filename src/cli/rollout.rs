@@ -244,7 +244,7 @@ fn by_object(r: &Rollout) -> String {
             seen.push(label.clone());
             match objects.iter_mut().find(|(l, ..)| *l == label) {
                 Some(e) => e.2 += g.nodes,
-                None => objects.push((label, o.kubectl.clone(), g.nodes)),
+                None => objects.push((label, o.command().to_string(), g.nodes)),
             }
         }
     }

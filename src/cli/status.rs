@@ -379,7 +379,7 @@ pub fn rejected_objects(objects: &[xdstap::api::v1::RejectedObject], wide: bool)
             r.since,
             r.types.join(","),
             r.resources.join(", "),
-            o.kubectl,
+            o.command(),
         ));
         if wide {
             out.push_str(&format!("    e.g. {}\n", r.examples.join(", ")));

@@ -111,6 +111,14 @@ impl v1::Origin {
         s
     }
 
+    /// The command that shows it, or why there is none.
+    pub fn command(&self) -> &str {
+        match self.kubectl.is_empty() {
+            false => &self.kubectl,
+            true => "no command: a word of it is no Kubernetes name",
+        }
+    }
+
     /// The object alone, without where it was found: what objects are grouped by.
     pub fn object_key(&self) -> ObjectKey {
         (

@@ -78,8 +78,20 @@ function cell(t) {
 }
 
 // "DestinationRule default/reviews", with " section S" when it has one.
+// A word of an object as lists show it: as it is when plain, else quoted, so that no name can
+// pass for two objects (the tap's labels do the same).
+function shown(s) {
+  return /^[A-Za-z0-9._~|:-]+$/.test(s) ? s : JSON.stringify(s);
+}
+
 function objectLabel(o) {
-  return o.kind + " " + (o.namespace ? o.namespace + "/" : "") + o.name + (o.section ? " section " + o.section : "");
+  return shown(o.kind) + " " + (o.namespace ? shown(o.namespace) + "/" : "") + shown(o.name) +
+    (o.section ? " section " + shown(o.section) : "") + (o.via ? " (via " + o.via + ")" : "");
+}
+
+// The command that shows an object, or why there is none.
+function objectCommand(o) {
+  return o.kubectl || "no command: a word of it is no Kubernetes name";
 }
 
 // The objects behind a node's NACKs now, each once.
@@ -107,7 +119,7 @@ function renderObjects() {
       el("strong", { text: objectLabel(o) }),
       el("span", { text: " rejected by " + r.nodes + " node" + (r.nodes === 1 ? "" : "s") + " since " + r.since +
         " (" + r.types.join(", ") + ": " + r.resources.join(", ") + ", from " + o.format.toLowerCase().replace(/_/g, "-") + " metadata)" }),
-      el("div", { class: "msg", text: o.kubectl })));
+      el("div", { class: "msg", text: objectCommand(o) })));
   }
 }
 
@@ -187,7 +199,7 @@ function detail(n) {
       nack.applied.length ? el("span", { text: "; applied all the same: " + nack.applied.join(", ") }) : null,
       el("div", { class: "msg", text: nack.message }),
       el("div", { class: "made-from", text: (nack.objects || []).length
-        ? "made from: " + nack.objects.map((o) => objectLabel(o) + " (" + o.kubectl + ")").join("; ")
+        ? "made from: " + nack.objects.map((o) => objectLabel(o) + " (" + objectCommand(o) + ")").join("; ")
         : "no object named in the resources' metadata" })));
   }
   const mine = verdicts.filter((v) => v.node === n.id).slice(0, 20);

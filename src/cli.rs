@@ -5,6 +5,7 @@
 pub mod client;
 pub mod command;
 pub mod fleet;
+pub mod objects;
 pub mod rollout;
 pub mod status;
 pub mod wait;
@@ -54,9 +55,10 @@ pub enum Command {
     /// each answered, newest first. Exits 1 when a node rejected or never answered a version
     /// shown and has not accepted a newer one since, 4 when some tap did not answer.
     Rollout(RolloutArgs),
-    /// Wait until every node pushed VERSION has answered it. Exits 0 when all accepted it (or
-    /// moved on to a newer push), 1 on any NACK, 2 on timeout, 4 when only the taps that did
-    /// not answer stand in the way, naming the nodes and taps.
+    /// Wait until every node pushed VERSION has answered it, or every node that receives
+    /// resources made from a Kubernetes object (--object) runs what was pushed for them. Exits
+    /// 0 when all accepted it (or moved on to a newer push), 1 on any NACK, 2 on timeout, 4
+    /// when only the taps that did not answer stand in the way, naming the nodes and taps.
     Wait(WaitArgs),
     /// Print verdicts as they happen, one line each, from every tap asked.
     Watch(WatchArgs),
@@ -91,9 +93,18 @@ pub struct RolloutArgs {
     #[arg(long, short = 'o', value_name = "FORMAT", default_value = "table")]
     pub output: Output,
     /// Which nodes run this resource from VERSION, which rejected it, and which run it from
-    /// another version (over CSDS); exits 1 when any node rejected it.
+    /// another version; exits 1 when any node rejected it.
     #[arg(long, value_name = "NAME", requires = "version")]
     pub resource: Option<String>,
+    /// Instead of versions, a Kubernetes object (KIND/NAMESPACE/NAME, as
+    /// destinationrule/default/reviews): the resources made from it and, per node, whether it
+    /// runs what was pushed for them; exits 1 when a node rejected one.
+    #[arg(long, value_name = "KIND/NS/NAME", conflicts_with_all = ["version", "resource"])]
+    pub object: Option<xdstap::ObjectSpec>,
+    /// With --object: what counts as taken is a push at or after this time (RFC 3339) or this
+    /// long ago (a duration, as 5m).
+    #[arg(long, value_name = "TIME|DURATION", requires = "object")]
+    pub since: Option<Since>,
     /// Where the tap is.
     #[command(flatten)]
     pub admin: AdminArgs,
@@ -101,10 +112,22 @@ pub struct RolloutArgs {
 
 /// `xdstap wait`.
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["version", "object"])))]
 pub struct WaitArgs {
     /// The version to wait for. Until the tap has seen it pushed, wait for its first push.
     #[arg(long, value_name = "VERSION")]
-    pub version: String,
+    pub version: Option<String>,
+    /// Instead of a version, a Kubernetes object (KIND/NAMESPACE/NAME, as
+    /// destinationrule/default/reviews; repeat for several): wait until every node that
+    /// receives resources made from it runs what was pushed for them. Exits 0 then, 1 as soon
+    /// as a node rejects one of them (naming the node, the resource and the client's words),
+    /// 2 on timeout (naming who was not pushed or has not answered).
+    #[arg(long, value_name = "KIND/NS/NAME", conflicts_with_all = ["version", "types"])]
+    pub object: Vec<xdstap::ObjectSpec>,
+    /// With --object: only pushes at or after this time (RFC 3339) or this long ago (a
+    /// duration, as 5m) count [default: any push]. Give the time of the `kubectl apply`.
+    #[arg(long, value_name = "TIME|DURATION", requires = "object")]
+    pub since: Option<Since>,
     /// Only these types (CDS, LDS, ... or type URLs); repeat or separate with commas
     /// [default: every type pushed VERSION].
     #[arg(long = "type", short = 't', value_name = "TYPE", value_delimiter = ',', value_parser = xdstap_core::xds::type_name)]
@@ -119,6 +142,43 @@ pub struct WaitArgs {
     /// Where the tap is.
     #[command(flatten)]
     pub admin: AdminArgs,
+}
+
+/// A point in time as the commands take it: RFC 3339, or a duration before now.
+#[derive(Debug, Clone, Copy)]
+pub enum Since {
+    /// Unix nanoseconds.
+    At(u64),
+    /// This long before the command started.
+    Ago(std::time::Duration),
+}
+
+/// A `--since` that is neither a time nor a duration.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid since {0:?}: expected an RFC 3339 time (2026-12-04T10:00:00Z) or a duration (5m)")]
+pub struct SinceError(String);
+
+impl std::str::FromStr for Since {
+    type Err = SinceError;
+    fn from_str(s: &str) -> Result<Self, SinceError> {
+        if let Some(t) = xdstap::parse_rfc3339(s) {
+            return Ok(Since::At(t));
+        }
+        match s.parse::<HumanDuration>() {
+            Ok(d) => Ok(Since::Ago(d.0)),
+            Err(_) => Err(SinceError(s.into())),
+        }
+    }
+}
+
+impl Since {
+    /// As RFC 3339, durations counted back from `now`.
+    pub fn rfc3339(self, now: u64) -> String {
+        xdstap::rfc3339(match self {
+            Since::At(t) => t,
+            Since::Ago(d) => now.saturating_sub(d.as_nanos() as u64),
+        })
+    }
 }
 
 /// `xdstap watch`.

@@ -6,7 +6,15 @@
 //! value names.
 
 /// The tap's enum fields, and the serde module (in `src/api.rs`) that names their values.
-const ENUM_FIELDS: [(&str, &str); 12] = [
+const ENUM_FIELDS: [(&str, &str); 14] = [
+    (
+        ".xdstap.v1.ObjectNode.state",
+        "crate::api::names::object_standing",
+    ),
+    (
+        ".xdstap.v1.ObjectNodeResource.state",
+        "crate::api::names::object_standing",
+    ),
     (
         ".xdstap.v1.NodeStatus.state",
         "crate::api::names::sync_state",

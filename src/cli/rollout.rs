@@ -18,6 +18,9 @@ use xdstap_core::xds::is_type_named;
 
 /// `xdstap rollout`.
 pub fn run(args: &RolloutArgs) -> ExitCode {
+    if let Some(object) = &args.object {
+        return super::objects::run_rollout(args, object);
+    }
     block_on(rollout(args)).unwrap_or_else(|code| code)
 }
 

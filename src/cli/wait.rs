@@ -61,9 +61,11 @@ async fn wait(args: &WaitArgs) -> ExitCode {
         Ok(f) => f,
         Err(e) => return e.exit("wait"),
     };
+    let Some(version) = args.version.as_deref() else {
+        return super::objects::wait(args, &mut taps, started).await;
+    };
     loop {
-        let report = match super::rollout::fetch(&mut taps, Some(&args.version), &args.types).await
-        {
+        let report = match super::rollout::fetch(&mut taps, Some(version), &args.types).await {
             Ok(r) => r,
             Err(e) => return e.exit("wait"),
         };
@@ -83,7 +85,7 @@ async fn wait(args: &WaitArgs) -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             Outcome::Rejected => {
-                eprintln!("xdstap wait: version {} was rejected", args.version);
+                eprintln!("xdstap wait: version {version} was rejected");
                 for r in rollouts {
                     println!("{}", summary(r));
                     print!("{}", details(r, false));
@@ -92,7 +94,7 @@ async fn wait(args: &WaitArgs) -> ExitCode {
                 return ExitCode::from(1);
             }
             Outcome::Waiting if Instant::now() >= deadline => {
-                return timed_out(args, started, &report);
+                return timed_out(args, version, started, &report);
             }
             Outcome::Waiting => tokio::time::sleep(POLL).await,
         }
@@ -102,6 +104,7 @@ async fn wait(args: &WaitArgs) -> ExitCode {
 /// What stands in the way at the deadline: 4 when only taps that do not answer do, else 2.
 fn timed_out(
     args: &WaitArgs,
+    version: &str,
     started: Instant,
     report: &xdstap::api::v1::RolloutReport,
 ) -> ExitCode {
@@ -113,13 +116,13 @@ fn timed_out(
         eprintln!(
             "xdstap wait: timed out after {waited}: every tap that answered says version {} is \
              taken, but {}",
-            args.version,
+            version,
             fleet::not_all(&report.taps)
         );
     } else if rollouts.is_empty() {
         eprintln!(
             "xdstap wait: timed out after {waited}: version {} was never pushed{}",
-            args.version,
+            version,
             match args.types.is_empty() {
                 true => String::new(),
                 false => format!(" as {}", args.types.join(", ")),

@@ -61,6 +61,8 @@ pub struct Admin {
     pub name: String,
     /// Its process's id, random at start, which its reports carry.
     pub instance: String,
+    /// When it started: it knows no push from before.
+    pub started_at: crate::correlate::Timestamp,
     /// The tier's other taps, asked by `/status` (none: this tap only).
     pub peers: Vec<String>,
     /// Them resolved and connected, and their last answers.
@@ -218,6 +220,24 @@ impl Admin {
         }
     }
 
+    /// The objects `ask` asks for (or every object), as this tap sees them.
+    pub fn objects(
+        &self,
+        ask: &crate::api::v1::ObjectsRequest,
+    ) -> Result<crate::api::v1::ObjectReport, ObjectsError> {
+        let specs = (ask.objects.iter())
+            .map(|o| o.parse())
+            .collect::<Result<Vec<crate::views::board::objects::ObjectSpec>, _>>()?;
+        let since = match ask.since.as_str() {
+            "" => None,
+            s => Some(crate::clock::parse_rfc3339(s).ok_or_else(|| ObjectsError::Since(s.into()))?),
+        };
+        let mut report = self.status.objects(crate::clock::now(), &specs, since);
+        report.instance = self.instance.clone();
+        report.started_at = crate::clock::rfc3339(self.started_at);
+        Ok(report)
+    }
+
     /// The rollouts `ask` asks for, each named by its trace when spans share one per version.
     pub fn rollouts(&self, ask: &crate::api::v1::RolloutsRequest) -> crate::api::v1::RolloutReport {
         let mut report = self.rollouts.report(crate::clock::now(), ask);
@@ -230,6 +250,17 @@ impl Admin {
         }
         report
     }
+}
+
+/// Why an objects request cannot be answered.
+#[derive(Debug, thiserror::Error)]
+pub enum ObjectsError {
+    /// An object spelled in a way no object is.
+    #[error(transparent)]
+    Object(#[from] crate::views::board::objects::ObjectSpecError),
+    /// A `since` that is no RFC 3339 time.
+    #[error("since {0:?}: expected an RFC 3339 time, as 2026-12-04T10:00:00Z")]
+    Since(String),
 }
 
 /// `routes` with gRPC server reflection (v1, and v1alpha for older clients) describing the
@@ -375,6 +406,24 @@ async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Body> {
                 every_node: params(query, "every_node").any(|v| v == "true" || v == "1"),
             };
             json(&admin.rollouts(&ask))
+        }
+        "/objects" => {
+            let query = req.uri().query();
+            let ask = crate::api::v1::ObjectsRequest {
+                objects: params(query, "object").collect(),
+                since: params(query, "since").next().unwrap_or_default(),
+            };
+            match admin.objects(&ask) {
+                Ok(report) => json(&report),
+                Err(e) => reply(
+                    StatusCode::BAD_REQUEST,
+                    "application/json",
+                    format!(
+                        "{{\"error\":{}}}\n",
+                        serde_json::Value::String(e.to_string())
+                    ),
+                ),
+            }
         }
         "/metrics" => reply(
             StatusCode::OK,

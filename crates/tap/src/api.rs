@@ -312,6 +312,8 @@ pub mod names {
         api: crate::api::v1::watch_event::Api;
         /// [`Format`](crate::api::v1::origin::Format).
         format: crate::api::v1::origin::Format;
+        /// [`Standing`](crate::api::v1::object_node::Standing).
+        object_standing: crate::api::v1::object_node::Standing;
     }
 }
 

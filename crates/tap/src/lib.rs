@@ -128,12 +128,13 @@ pub use server::{run, Running, Server};
 /// The core the tap is built on (framing, decoding, correlation): the events sinks receive.
 pub use xdstap_core as core;
 
-pub use clock::now;
+pub use clock::{now, parse_rfc3339, rfc3339};
 pub use observer::ObserverStats;
 pub use outputs::spans::SpanStats;
 pub use outputs::{Recorded, Recorder};
 pub use queue::{Delivered, Sink};
 pub use record::{Subject, VerdictRecord};
+pub use views::board::objects::{ObjectSpec, ObjectSpecError};
 pub use views::board::resources::{NodeResources, ResourceRow};
 pub use views::board::StatusBoard;
 pub use views::rollout::Rollouts;

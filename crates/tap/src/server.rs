@@ -182,6 +182,7 @@ impl Server {
                 seats: Default::default(),
                 name: tap_name(&address),
                 instance: crate::admin::instance_id(),
+                started_at: crate::clock::now(),
                 peers: config.admin.as_ref().map(|a| a.peers.clone()).unwrap_or_default(),
                 fleet: Default::default(),
             });

@@ -45,6 +45,16 @@ impl tap_server::Tap for TapApi {
         Ok(Response::new(report))
     }
 
+    async fn objects(
+        &self,
+        request: Request<v1::ObjectsRequest>,
+    ) -> Result<Response<v1::ObjectReport>, Status> {
+        match self.0.objects(request.get_ref()) {
+            Ok(report) => Ok(Response::new(report)),
+            Err(e) => Err(Status::invalid_argument(e.to_string())),
+        }
+    }
+
     type WatchStream = Pin<Box<dyn Stream<Item = Result<v1::WatchEvent, Status>> + Send>>;
 
     async fn watch(

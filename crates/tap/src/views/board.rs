@@ -13,6 +13,7 @@ use crate::correlate::{Event, Push, Timestamp, Verdict};
 use crate::queue::Sink;
 use crate::xds::{short_type, Api};
 
+pub mod objects;
 pub mod resources;
 use crate::api::v1::{Nack, NodeStatus, ResourceError, StatusReport, SyncState, TypeStatus};
 use resources::{CpErrors, Held, ListenerNeeds, Ttls, Unsettled};
@@ -1122,6 +1123,130 @@ mod tests {
         assert_eq!(
             cds(&board, "n1", 12 * S).nack.unwrap().since,
             rfc3339(3 * S)
+        );
+    }
+
+    /// A CDS push of `clusters` (name, content), each made from the DestinationRule of its
+    /// name.
+    fn clusters(version: &str, nonce: &str, clusters: &[(&str, u64)]) -> Response {
+        use crate::xds::origin::{Format, ObjectRef, Origins, Part, PartKind};
+        let mut r = resp(version, nonce, &[]);
+        r.resources = crate::xds::Resources::default();
+        for (name, content) in clusters {
+            r.resources.push_parts(name, None, *content);
+            r.resources.mark_origins(std::sync::Arc::new(Origins {
+                parts: vec![Part {
+                    kind: PartKind::Resource,
+                    name: "".into(),
+                    refs: Box::new([]),
+                    objects: vec![ObjectRef {
+                        kind: "DestinationRule".into(),
+                        group: "networking.istio.io".into(),
+                        namespace: "default".into(),
+                        name: (*name).into(),
+                        section: "".into(),
+                        format: Format::Istio,
+                        via: "".into(),
+                    }]
+                    .into(),
+                }]
+                .into(),
+            }));
+        }
+        r
+    }
+
+    /// Per object, per node: taken, pending, rejected (a whole NACK, or its own part of a
+    /// partial one), not pushed since, out of scope; a partial NACK of another object's
+    /// resource leaves this one taken.
+    #[test]
+    fn the_object_view_follows_each_node() {
+        use crate::api::v1::object_node::Standing as O;
+        let board = StatusBoard::new(StatusSettings::default());
+        let mut e = Vec::new();
+        let (mut n1, mut n2, mut n3) = (stream(1), stream(2), stream(3));
+        for (c, id) in [(&mut n1, "n1"), (&mut n2, "n2"), (&mut n3, "n3")] {
+            c.on_request(req(Some(id), "", "", None), S, &mut e);
+        }
+        let v1 = [("a", 1), ("b", 1)];
+        for c in [&mut n1, &mut n2] {
+            c.on_response(clusters("v1", "1", &v1), S, &mut e);
+            c.on_request(req(None, "v1", "1", None), S, &mut e);
+        }
+        n3.on_response(clusters("v1", "1", &[("c", 1)]), S, &mut e);
+        n3.on_request(req(None, "v1", "1", None), S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        let a: crate::ObjectSpec = "destinationrule/default/a".parse().unwrap();
+        let view = |since: Option<u64>| {
+            let r = board.objects(10 * S, std::slice::from_ref(&a), since);
+            let o = r.objects[0].clone();
+            let states: Vec<(String, O)> = (o.node_states.iter())
+                .map(|n| (n.node.clone(), n.state()))
+                .collect();
+            (states, o.out_of_scope, o.resource_count)
+        };
+        let s = |n: &str, st| (n.to_string(), st);
+        assert_eq!(
+            view(None),
+            (vec![s("n1", O::Taken), s("n2", O::Taken)], 1, 1)
+        );
+        // With since after v1: not pushed since.
+        assert_eq!(
+            view(Some(2 * S)).0,
+            [s("n1", O::NotPushed), s("n2", O::NotPushed)]
+        );
+        // v2 changes a and b; n1 accepts, n2 has not answered.
+        let v2 = [("a", 2), ("b", 2)];
+        for c in [&mut n1, &mut n2] {
+            c.on_response(clusters("v2", "2", &v2), 3 * S, &mut e);
+        }
+        n1.on_request(req(None, "v2", "2", None), 3 * S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        assert_eq!(
+            view(Some(2 * S)).0,
+            [s("n2", O::Pending), s("n1", O::Taken)]
+        );
+        // n2 rejects b alone (a partial NACK): a landed.
+        let partial = "Error adding/updating cluster(s) b: malformed IP address: not-an-ip";
+        n2.on_request(req(None, "v1", "2", Some(partial)), 4 * S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        assert_eq!(view(Some(2 * S)).0, [s("n1", O::Taken), s("n2", O::Taken)]);
+        let b: crate::ObjectSpec = "DestinationRule/default/b".parse().unwrap();
+        let r = board.objects(10 * S, std::slice::from_ref(&b), Some(2 * S));
+        let n2_b = r.objects[0]
+            .node_states
+            .iter()
+            .find(|n| n.node == "n2")
+            .unwrap();
+        assert_eq!(n2_b.state(), O::Rejected);
+        assert!(n2_b.resources[0]
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("not-an-ip"));
+        // v3 changes a; n1 rejects the whole push.
+        n1.on_response(clusters("v3", "3", &[("a", 3), ("b", 2)]), 5 * S, &mut e);
+        let whole = "Proto constraint validation failed (ClusterValidationError.ConnectTimeout)";
+        n1.on_request(req(None, "v2", "3", Some(whole)), 6 * S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        assert_eq!(
+            view(Some(2 * S)).0,
+            [s("n1", O::Rejected), s("n2", O::Taken)]
+        );
+        // n3 receives nothing made from a; the listing counts every object.
+        let all = board.objects(10 * S, &[], None);
+        let names: Vec<String> = (all.objects.iter())
+            .map(|o| o.object.as_ref().unwrap().name.clone())
+            .collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert_eq!((all.objects[0].nodes, all.objects[0].rejected), (2, 1));
+        assert_eq!(all.objects[2].out_of_scope, 2);
+        // An object no node receives.
+        let z: crate::ObjectSpec = "destinationrule/default/z".parse().unwrap();
+        let none = board.objects(10 * S, &[z], None);
+        assert_eq!(
+            (none.objects[0].nodes, none.objects[0].out_of_scope),
+            (0, 3)
         );
     }
 }

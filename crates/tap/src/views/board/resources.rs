@@ -10,6 +10,7 @@ use std::sync::Arc;
 use super::{StatusBoard, TypeEntry};
 use crate::api::v1;
 use crate::correlate::{Event, Mentions, Push, Rejected, Scope, Timestamp, Verdict};
+use crate::xds::origin::Origins;
 use crate::xds::{Api, Needs};
 
 /// How long Envoy lets a listener warm for the routes and secrets it names before it serves
@@ -176,15 +177,29 @@ pub(super) enum Held {
     /// rejected, which keep what they were (none: they were new). A node keeps only where it
     /// differs from the push.
     Except(Taken, Timestamp, Vec<(String, Option<Kept>)>),
-    /// Delta, per resource: name -> (version, digest, when applied).
-    Each(BTreeMap<String, (Option<String>, u64, Timestamp)>),
+    /// Delta, per resource: name -> what it runs.
+    Each(BTreeMap<String, One>),
+}
+
+/// One resource a node runs (Delta, or a rejected resource that keeps what it had): its own
+/// version, its content's digest, when it was accepted and when pushed, and the objects its
+/// metadata names (the fleet's one copy).
+#[derive(Clone)]
+pub(super) struct One {
+    version: Option<String>,
+    digest: u64,
+    at: Timestamp,
+    pushed_at: Timestamp,
+    origins: Option<Arc<Origins>>,
 }
 
 /// A push as a node keeps it once it runs it: its resources (the fleet's one copy) and its
 /// version; not the push's own record (nonce, type, sizes), which would cost every node.
 pub(super) struct Taken {
-    resources: Arc<crate::xds::Resources>,
-    version: Box<str>,
+    pub(super) resources: Arc<crate::xds::Resources>,
+    pub(super) version: Box<str>,
+    /// When the push went out.
+    pub(super) pushed_at: Timestamp,
 }
 
 impl Taken {
@@ -192,31 +207,37 @@ impl Taken {
         Taken {
             resources: push.resources.clone(),
             version: push.version.as_str().into(),
+            pushed_at: push.at,
         }
     }
 }
 
-/// What a rejected resource still runs: its version, digest and when it was applied.
-pub(super) type Kept = (String, u64, Timestamp);
+/// What a rejected resource still runs.
+pub(super) type Kept = One;
 
 /// The NACK of an unsettled push.
-struct Nacked {
-    message: String,
-    suspects: Vec<String>,
-    scope: Scope,
-    rejected: Vec<Rejected>,
+pub(super) struct Nacked {
+    pub(super) message: String,
+    pub(super) suspects: Vec<String>,
+    pub(super) scope: Scope,
+    pub(super) rejected: Vec<Rejected>,
     at: Timestamp,
 }
 
 /// The last push of a type the node has not accepted.
 pub(super) struct Unsettled {
-    push: Arc<Push>,
+    pub(super) push: Arc<Push>,
     nack: Option<Nacked>,
 }
 
 impl Unsettled {
     pub(super) fn new(push: Arc<Push>) -> Self {
         Unsettled { push, nack: None }
+    }
+
+    /// Its NACK, once the client rejected it.
+    pub(super) fn nack(&self) -> Option<&Nacked> {
+        self.nack.as_ref()
     }
 }
 
@@ -292,7 +313,7 @@ fn bare_kept(t: &TypeEntry, push: &Push) -> Vec<(String, Option<Kept>)> {
         .map(|r| {
             let had = (before.as_ref())
                 .and_then(|b| b.get(&*r.name))
-                .map(|h| (h.version.clone(), h.digest, h.at));
+                .map(Had::one);
             (r.name.into_owned(), had)
         })
         .collect()
@@ -340,7 +361,7 @@ fn apply_part(
         let kept = (rejected.iter())
             .filter(|r| !r.duplicate())
             .map(|r| {
-                let had = (before.get(&r.name)).map(|h| (h.version.clone(), h.digest, h.at));
+                let had = before.get(&r.name).map(Had::one);
                 (r.name.clone(), had)
             })
             .collect();
@@ -350,14 +371,17 @@ fn apply_part(
     let mut held = match t.held.take() {
         Some(Held::Each(m)) => m,
         other => (held_resources(other.as_ref()).into_iter())
-            .map(|(name, h)| (name, (Some(h.version), h.digest, h.at)))
+            .map(|(name, h)| {
+                let one = h.one();
+                (name, one)
+            })
             .collect(),
     };
     fold(&mut held, push, rejected, at);
     t.held = Some(Held::Each(held));
 }
 
-type Each = BTreeMap<String, (Option<String>, u64, Timestamp)>;
+type Each = BTreeMap<String, One>;
 
 /// Folds a Delta `push` into `held` but for the `rejected`.
 fn fold(held: &mut Each, push: &Push, rejected: &[Rejected], at: Timestamp) {
@@ -365,13 +389,19 @@ fn fold(held: &mut Each, push: &Push, rejected: &[Rejected], at: Timestamp) {
     for name in &push.removed {
         held.remove(name);
     }
-    for r in push.resources.iter() {
+    for (i, r) in push.resources.iter().enumerate() {
         // A heartbeat changes no content.
         if r.bare || rejected_names.contains(&*r.name) {
             continue;
         }
-        let version = r.version.map(String::from);
-        held.insert(r.name.into_owned(), (version, r.digest, at));
+        let one = One {
+            version: r.version.map(String::from),
+            digest: r.digest,
+            at,
+            pushed_at: push.at,
+            origins: push.resources.origins_of(i).cloned(),
+        };
+        held.insert(r.name.into_owned(), one);
     }
 }
 
@@ -412,23 +442,50 @@ pub struct NodeResources {
     pub resources: Vec<ResourceRow>,
 }
 
-/// One held resource: its version and digest, when accepted.
-struct Had {
-    version: String,
-    digest: u64,
-    at: Timestamp,
+/// One held resource: its version and digest, when accepted and pushed, its objects.
+pub(super) struct Had {
+    pub(super) version: String,
+    pub(super) digest: u64,
+    pub(super) at: Timestamp,
+    pub(super) pushed_at: Timestamp,
+    pub(super) origins: Option<Arc<Origins>>,
 }
 
-fn held_resources(held: Option<&Held>) -> BTreeMap<String, Had> {
+impl Had {
+    /// As a node keeps one resource.
+    fn one(&self) -> One {
+        One {
+            version: Some(self.version.clone()),
+            digest: self.digest,
+            at: self.at,
+            pushed_at: self.pushed_at,
+            origins: self.origins.clone(),
+        }
+    }
+
+    fn of_one(one: &One) -> Had {
+        Had {
+            version: one.version.clone().unwrap_or_default(),
+            digest: one.digest,
+            at: one.at,
+            pushed_at: one.pushed_at,
+            origins: one.origins.clone(),
+        }
+    }
+}
+
+pub(super) fn held_resources(held: Option<&Held>) -> BTreeMap<String, Had> {
     // A name twice in a push: Envoy runs the first and rejects the copy.
     let of = |p: &Taken, at: Timestamp| -> BTreeMap<String, Had> {
         let mut m = BTreeMap::new();
-        for r in p.resources.iter() {
+        for (i, r) in p.resources.iter().enumerate() {
             let version = r.version.unwrap_or(&p.version).to_string();
             let had = Had {
                 version,
                 digest: r.digest,
                 at,
+                pushed_at: p.pushed_at,
+                origins: p.resources.origins_of(i).cloned(),
             };
             m.entry(r.name.into_owned()).or_insert(had);
         }
@@ -441,30 +498,14 @@ fn held_resources(held: Option<&Held>) -> BTreeMap<String, Had> {
             let mut m = of(p, *at);
             for (name, had) in kept {
                 m.remove(name);
-                if let Some((version, digest, at)) = had {
-                    let (version, digest, at) = (version.clone(), *digest, *at);
-                    m.insert(
-                        name.clone(),
-                        Had {
-                            version,
-                            digest,
-                            at,
-                        },
-                    );
+                if let Some(one) = had {
+                    m.insert(name.clone(), Had::of_one(one));
                 }
             }
             m
         }
         Some(Held::Each(m)) => (m.iter())
-            .map(|(name, (version, digest, at))| {
-                let version = version.clone().unwrap_or_default();
-                let had = Had {
-                    version,
-                    digest: *digest,
-                    at: *at,
-                };
-                (name.clone(), had)
-            })
+            .map(|(name, one)| (name.clone(), Had::of_one(one)))
             .collect(),
     }
 }

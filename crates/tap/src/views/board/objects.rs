@@ -1,0 +1,654 @@
+//! Per Kubernetes object the resources' metadata names: the resources made from it and, per
+//! node, whether it runs what the control plane pushed for them ("I applied this
+//! DestinationRule: has every proxy taken it?"). Computed when asked, from what the board keeps
+//! anyway (what each node runs, per resource, with the objects its metadata names, which the
+//! fleet shares; the last push it has not accepted): the view keeps nothing of its own and
+//! costs nothing per push. A node whose type runs a push the fleet shares and has nothing
+//! pending costs a lookup in that push's index of objects, made once per query.
+//!
+//! What "taken" means (docs/operating.md, "Has every proxy taken it"): for each resource made
+//! from the object that the node runs or was last pushed, the node runs the content (by
+//! digest) last pushed to it, and that push went out at or after `since`, or the content is
+//! what some node was pushed since. A NACK that rejects such a resource is REJECTED; one that
+//! rejects only other resources of the push leaves this object's applied (a partial NACK).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use super::resources::{held_resources, Had, Held};
+use super::{StatusBoard, TypeEntry};
+use crate::api::v1::object_node::Standing;
+use crate::api::v1::{self, ObjectReport, ObjectStatus};
+use crate::api::NAMES_CAP;
+use crate::clock::rfc3339;
+use crate::correlate::{Mentions, Scope, Timestamp};
+use crate::xds::origin::{ObjectRef, Origins};
+use crate::xds::{short_type, Api, Resources};
+
+/// Pushes listed per object at most.
+const PUSHES_CAP: usize = 20;
+
+/// An object as a user names it: `KIND/NAMESPACE/NAME`, or `KIND/NAME` for a cluster-scoped
+/// kind; the kind in any case, with its API group or without (`destinationrule`,
+/// `DestinationRule.networking.istio.io`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectSpec {
+    /// The kind, lowercase.
+    pub kind: String,
+    /// The API group, when given.
+    pub group: Option<String>,
+    /// The namespace (empty for a cluster-scoped kind).
+    pub namespace: String,
+    /// The name.
+    pub name: String,
+}
+
+/// An object spelled in a way no object is.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("object {0:?}: expected KIND/NAMESPACE/NAME (or KIND/NAME for a cluster-scoped kind), as destinationrule/default/reviews")]
+pub struct ObjectSpecError(pub String);
+
+impl std::str::FromStr for ObjectSpec {
+    type Err = ObjectSpecError;
+
+    fn from_str(s: &str) -> Result<Self, ObjectSpecError> {
+        let bad = || ObjectSpecError(s.to_string());
+        let parts: Vec<&str> = s.split('/').collect();
+        let (kind, namespace, name) = match parts[..] {
+            [kind, namespace, name] => (kind, namespace, name),
+            [kind, name] => (kind, "", name),
+            _ => return Err(bad()),
+        };
+        if kind.is_empty() || name.is_empty() || s.chars().any(char::is_whitespace) {
+            return Err(bad());
+        }
+        let (kind, group) = match kind.split_once('.') {
+            Some((k, g)) => (k, Some(g.to_ascii_lowercase())),
+            None => (kind, None),
+        };
+        Ok(ObjectSpec {
+            kind: kind.to_ascii_lowercase(),
+            group,
+            namespace: namespace.into(),
+            name: name.into(),
+        })
+    }
+}
+
+impl ObjectSpec {
+    /// Whether `o` is this object (any section of it).
+    pub fn is(&self, o: &ObjectRef) -> bool {
+        o.kind.eq_ignore_ascii_case(&self.kind)
+            && *o.namespace == *self.namespace
+            && *o.name == *self.name
+            && self
+                .group
+                .as_deref()
+                .is_none_or(|g| o.group.eq_ignore_ascii_case(g))
+    }
+}
+
+/// An object as the view groups resources by it: any section, any way it was named.
+type Key = (Box<str>, Box<str>, Box<str>);
+
+fn key(o: &ObjectRef) -> Key {
+    (o.kind.clone(), o.namespace.clone(), o.name.clone())
+}
+
+/// The objects of one resource's origins, each once.
+fn objects_of(origins: Option<&Arc<Origins>>) -> impl Iterator<Item = &ObjectRef> {
+    let mut seen: Vec<&ObjectRef> = Vec::new();
+    origins
+        .into_iter()
+        .flat_map(|o| o.parts.iter())
+        .flat_map(|p| p.objects.iter())
+        .filter(move |o| {
+            let new = !seen
+                .iter()
+                .any(|s| s.kind == o.kind && s.namespace == o.namespace && s.name == o.name);
+            if new {
+                seen.push(o);
+            }
+            new
+        })
+}
+
+/// A shared push's resources by object: which of its resources each object made (made once
+/// per query for each push the fleet shares).
+#[derive(Default)]
+struct SetIndex {
+    by: HashMap<Key, Vec<u32>>,
+}
+
+impl SetIndex {
+    fn of(set: &Resources, wanted: &Wanted<'_>) -> SetIndex {
+        let mut by: HashMap<Key, Vec<u32>> = HashMap::new();
+        if !set.has_origins() {
+            return SetIndex { by };
+        }
+        for i in 0..set.len() {
+            for o in objects_of(set.origins_of(i)) {
+                if wanted.wants(o) {
+                    by.entry(key(o)).or_default().push(i as u32);
+                }
+            }
+        }
+        SetIndex { by }
+    }
+}
+
+/// Which objects a query is about: some, by name, or every one.
+enum Wanted<'a> {
+    Some(&'a [ObjectSpec]),
+    All,
+}
+
+impl Wanted<'_> {
+    fn wants(&self, o: &ObjectRef) -> bool {
+        match self {
+            Wanted::All => true,
+            Wanted::Some(specs) => specs.iter().any(|s| s.is(o)),
+        }
+    }
+}
+
+/// One resource made from an object, on one node.
+struct Seen {
+    type_url: Arc<str>,
+    name: String,
+    /// What it runs: version, digest, when that content was pushed.
+    runs: Option<(String, u64, Timestamp)>,
+    /// What was last pushed to it: version, digest, when.
+    pushed: Option<(String, u64, Timestamp)>,
+    state: Standing,
+    error: Option<String>,
+}
+
+/// What one query gathers of one object.
+#[derive(Default)]
+struct Gathered {
+    object: Option<ObjectRef>,
+    sections: BTreeSet<String>,
+    resources: BTreeSet<(Arc<str>, String)>,
+    /// Per node: its resources of the object.
+    nodes: BTreeMap<Arc<str>, (bool, Vec<Seen>)>,
+    /// Nodes that run a shared push in full, counted by their standing, without a list (the
+    /// listing of every object).
+    counted: BTreeMap<Standing, u64>,
+    pushes: BTreeMap<(Arc<str>, String), (Timestamp, u64)>,
+    last_pushed: Timestamp,
+}
+
+impl Gathered {
+    fn saw(&mut self, o: &ObjectRef, type_url: &Arc<str>, name: &str) {
+        if self.object.is_none() {
+            self.object = Some(ObjectRef {
+                section: "".into(),
+                ..o.clone()
+            });
+        }
+        if !o.section.is_empty() && self.sections.len() < NAMES_CAP {
+            self.sections.insert(o.section.to_string());
+        }
+        if self.resources.len() < 10 * NAMES_CAP {
+            self.resources.insert((type_url.clone(), name.to_string()));
+        }
+    }
+
+    fn pushed(&mut self, type_url: &Arc<str>, version: &str, at: Timestamp, nodes: u64) {
+        let e = (self.pushes)
+            .entry((type_url.clone(), version.to_string()))
+            .or_insert((at, 0));
+        e.0 = e.0.min(at);
+        e.1 += nodes;
+        self.last_pushed = self.last_pushed.max(at);
+    }
+}
+
+impl StatusBoard {
+    /// The objects `ask` names, each with every node it reaches, or every object, counted,
+    /// without nodes; `since` judges what counts as taken. As of `now`.
+    pub fn objects(
+        &self,
+        now: Timestamp,
+        ask: &[ObjectSpec],
+        since: Option<Timestamp>,
+    ) -> ObjectReport {
+        let board = self.lock();
+        let listing = ask.is_empty();
+        let wanted = match listing {
+            true => Wanted::All,
+            false => Wanted::Some(ask),
+        };
+        let mut sets: HashMap<usize, SetIndex> = HashMap::new();
+        let mut by: HashMap<Key, Gathered> = HashMap::new();
+        let mut connected = 0u64;
+        let mut reached: HashMap<Key, u64> = HashMap::new();
+        for (id, n) in board.nodes.iter() {
+            let is_connected = !n.streams.is_empty();
+            connected += u64::from(is_connected);
+            // This node's worst standing per object over its types (the listing's count).
+            let mut mine: BTreeMap<Key, Standing> = BTreeMap::new();
+            for (url, t) in n.types.iter() {
+                let url: Arc<str> = url.into();
+                if let (Some(Held::Push(taken, _)), None) = (&t.held, &t.unsettled) {
+                    let ptr = Arc::as_ptr(&taken.resources) as usize;
+                    let index = (sets.entry(ptr))
+                        .or_insert_with(|| SetIndex::of(&taken.resources, &wanted));
+                    let pushed_at = taken.pushed_at;
+                    let state = match since.is_some_and(|s| pushed_at < s) {
+                        true => Standing::NotPushed,
+                        false => Standing::Taken,
+                    };
+                    for (k, idx) in &index.by {
+                        let worst = mine.entry(k.clone()).or_insert(state);
+                        *worst = (*worst).min(state);
+                        let g = by.entry(k.clone()).or_default();
+                        g.pushed(&url, &taken.version, pushed_at, 1);
+                        for &i in idx {
+                            let i = i as usize;
+                            let Some(r) = taken.resources.get(i) else {
+                                continue;
+                            };
+                            if let Some(o) =
+                                objects_of(taken.resources.origins_of(i)).find(|o| key(o) == *k)
+                            {
+                                g.saw(o, &url, &r.name);
+                            }
+                            if listing {
+                                continue;
+                            }
+                            let version = r.version.unwrap_or(&taken.version).to_string();
+                            let content = (version, r.digest, pushed_at);
+                            let entry = g.nodes.entry(id.clone());
+                            (entry.or_insert((is_connected, Vec::new())).1).push(Seen {
+                                type_url: url.clone(),
+                                name: r.name.into_owned(),
+                                runs: Some(content.clone()),
+                                pushed: Some(content),
+                                state: Standing::Taken,
+                                error: None,
+                            });
+                        }
+                    }
+                    continue;
+                }
+                for (k, seen) in node_type(&url, t, &wanted) {
+                    let g = by.entry(k.clone()).or_default();
+                    let mut pushes: Vec<(String, Timestamp)> = Vec::new();
+                    for (o, s) in seen {
+                        g.saw(&o, &url, &s.name);
+                        if let Some((v, _, at)) = &s.pushed {
+                            if !pushes.iter().any(|(pv, pa)| pv == v && pa == at) {
+                                pushes.push((v.clone(), *at));
+                            }
+                        }
+                        let state = match s.state {
+                            Standing::Taken
+                                if since
+                                    .is_some_and(|t| s.pushed.as_ref().is_none_or(|p| p.2 < t)) =>
+                            {
+                                Standing::NotPushed
+                            }
+                            other => other,
+                        };
+                        let worst = mine.entry(k.clone()).or_insert(state);
+                        *worst = (*worst).min(state);
+                        if !listing {
+                            let entry = g.nodes.entry(id.clone());
+                            entry.or_insert((is_connected, Vec::new())).1.push(s);
+                        }
+                    }
+                    for (v, at) in pushes {
+                        g.pushed(&url, &v, at, 1);
+                    }
+                }
+            }
+            for (k, state) in mine {
+                *reached.entry(k.clone()).or_default() += 1;
+                if listing {
+                    let state = match is_connected {
+                        true => state,
+                        false => Standing::Disconnected,
+                    };
+                    let g = by.entry(k).or_default();
+                    *g.counted.entry(state).or_default() += 1;
+                }
+            }
+        }
+        // What some node was pushed since `since`, per resource: a node that runs that content
+        // has taken it, whether or not the control plane pushed it to that node again.
+        let mut fresh: HashMap<(Arc<str>, String), u64> = HashMap::new();
+        if let Some(since) = since {
+            for g in by.values() {
+                for (_, seen) in g.nodes.values() {
+                    for s in seen.iter() {
+                        if let Some((_, digest, _)) = s.pushed.as_ref().filter(|p| p.2 >= since) {
+                            fresh.insert((s.type_url.clone(), s.name.clone()), *digest);
+                        }
+                    }
+                }
+            }
+        }
+        let mut objects: Vec<ObjectStatus> = Vec::new();
+        let reach = |k: &Key| reached.get(k).copied().unwrap_or(0);
+        if listing {
+            let all: Vec<(Key, Gathered)> = by.drain().collect();
+            for (k, g) in all {
+                objects.push(status(
+                    g,
+                    since,
+                    &fresh,
+                    connected,
+                    reach(&k),
+                    String::new(),
+                ));
+            }
+            objects.sort_by(|a, b| b.nodes.cmp(&a.nodes).then(label(a).cmp(&label(b))));
+        } else {
+            for spec in ask {
+                let found = by.keys().find(|(kind, ns, name)| {
+                    kind.eq_ignore_ascii_case(&spec.kind)
+                        && **ns == *spec.namespace
+                        && **name == *spec.name
+                });
+                let asked = spec_text(spec);
+                match found.cloned() {
+                    Some(k) => {
+                        let g = by.remove(&k).unwrap_or_default();
+                        objects.push(status(g, since, &fresh, connected, reach(&k), asked));
+                    }
+                    None => objects.push(ObjectStatus {
+                        asked,
+                        out_of_scope: connected,
+                        ..Default::default()
+                    }),
+                }
+            }
+        }
+        ObjectReport {
+            generated_at: rfc3339(now),
+            objects,
+            taps: Vec::new(),
+            instance: String::new(),
+            started_at: String::new(),
+            connected,
+        }
+    }
+}
+
+fn spec_text(s: &ObjectSpec) -> String {
+    let kind = match &s.group {
+        Some(g) => format!("{}.{g}", s.kind),
+        None => s.kind.clone(),
+    };
+    match s.namespace.is_empty() {
+        true => format!("{kind}/{}", s.name),
+        false => format!("{kind}/{}/{}", s.namespace, s.name),
+    }
+}
+
+fn label(o: &ObjectStatus) -> String {
+    o.object.as_ref().map(v1::Origin::label).unwrap_or_default()
+}
+
+/// The resources made from wanted objects of one type of one node that runs no shared push in
+/// full (it has a push pending or NACKed, runs part of one, or speaks Delta): each with what it
+/// runs, what was last pushed to it and how it stands.
+fn node_type(
+    url: &Arc<str>,
+    t: &TypeEntry,
+    wanted: &Wanted<'_>,
+) -> Vec<(Key, Vec<(ObjectRef, Seen)>)> {
+    let held = held_resources(t.held.as_ref());
+    let mut out: BTreeMap<Key, Vec<(ObjectRef, Seen)>> = BTreeMap::new();
+    let mut add = |o: &ObjectRef, s: Seen| out.entry(key(o)).or_default().push((o.clone(), s));
+    let unsettled = t.unsettled.as_deref();
+    let push = unsettled.map(|u| &u.push);
+    // The resources the last push carries, by name: their place in it.
+    let carried: HashMap<std::borrow::Cow<'_, str>, usize> = match push {
+        Some(p) => (p.resources.iter().enumerate())
+            .map(|(i, r)| (r.name, i))
+            .collect(),
+        None => HashMap::new(),
+    };
+    let runs = |h: &Had| (h.version.clone(), h.digest, h.pushed_at);
+    // What the node runs, and what the last push changes of it.
+    for (name, h) in &held {
+        let objects: Vec<&ObjectRef> = objects_of(h.origins.as_ref())
+            .filter(|o| wanted.wants(o))
+            .collect();
+        let in_push = push.and_then(|p| carried.get(name.as_str()).map(|&i| (p, i)));
+        let pushed_objects: Vec<&ObjectRef> = match in_push {
+            Some((p, i)) => objects_of(p.resources.origins_of(i))
+                .filter(|o| wanted.wants(o))
+                .collect(),
+            None => Vec::new(),
+        };
+        if objects.is_empty() && pushed_objects.is_empty() {
+            continue;
+        }
+        let (pushed, state, error) = match (unsettled, in_push) {
+            (Some(u), Some((p, i))) => {
+                let r = p.resources.get(i).expect("carried");
+                let version = r.version.unwrap_or(&p.version).to_string();
+                let pushed = Some((version, r.digest, p.at));
+                match r.digest == h.digest {
+                    true => (pushed, Standing::Taken, None),
+                    false => {
+                        let (state, error) = unsettled_state(u, name);
+                        (pushed, state, error)
+                    }
+                }
+            }
+            // The last push removes it (SotW leaves it out, Delta names it): until answered.
+            (Some(u), None) if removes(t.api, u, name) => {
+                let (state, error) = unsettled_state(u, name);
+                (None, state, error)
+            }
+            _ => (Some(runs(h)), Standing::Taken, None),
+        };
+        let seen = |_: &ObjectRef| Seen {
+            type_url: url.clone(),
+            name: name.clone(),
+            runs: Some(runs(h)),
+            pushed: pushed.clone(),
+            state,
+            error: error.clone(),
+        };
+        for o in o_dedupe(&objects, &pushed_objects) {
+            add(o, seen(o));
+        }
+    }
+    // What the last push adds.
+    if let (Some(u), Some(p)) = (unsettled, push) {
+        for (i, r) in p.resources.iter().enumerate() {
+            if held.contains_key(&*r.name) {
+                continue;
+            }
+            let objects: Vec<&ObjectRef> = objects_of(p.resources.origins_of(i))
+                .filter(|o| wanted.wants(o))
+                .collect();
+            if objects.is_empty() {
+                continue;
+            }
+            let (state, error) = unsettled_state(u, &r.name);
+            let version = r.version.unwrap_or(&p.version).to_string();
+            for o in objects {
+                add(
+                    o,
+                    Seen {
+                        type_url: url.clone(),
+                        name: r.name.to_string(),
+                        runs: None,
+                        pushed: Some((version.clone(), r.digest, p.at)),
+                        state,
+                        error: error.clone(),
+                    },
+                );
+            }
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// The objects of a resource before and after the last push, each once.
+fn o_dedupe<'a>(a: &[&'a ObjectRef], b: &[&'a ObjectRef]) -> Vec<&'a ObjectRef> {
+    let mut out: Vec<&ObjectRef> = Vec::new();
+    for o in a.iter().chain(b.iter()) {
+        if !out.iter().any(|x| key(x) == key(o)) {
+            out.push(o);
+        }
+    }
+    out
+}
+
+/// Whether the pending or NACKed push `u` removes `name` from what the node runs.
+fn removes(api: Option<Api>, u: &super::resources::Unsettled, name: &str) -> bool {
+    match api {
+        Some(Api::Delta) => u.push.removed.iter().any(|n| n == name),
+        _ => !u.push.resources.iter().any(|r| r.name == name),
+    }
+}
+
+/// How a resource the last push changes stands: pending until answered; after a NACK,
+/// rejected when the NACK rejects it (the whole push, its own part of a partial NACK, or a
+/// message of no known form that names it).
+fn unsettled_state(u: &super::resources::Unsettled, name: &str) -> (Standing, Option<String>) {
+    let Some(n) = u.nack() else {
+        return (Standing::Pending, None);
+    };
+    let rejected = match n.scope {
+        Scope::Whole => true,
+        Scope::Partial => n.rejected.iter().any(|r| r.name == name),
+        Scope::Unknown => {
+            n.suspects.iter().any(|s| s == name) || Mentions::of(&n.message).names(name)
+        }
+    };
+    match rejected {
+        true => {
+            let own = n.rejected.iter().find(|r| r.name == name);
+            let message = own.map_or(&n.message, |r| &r.reason).clone();
+            (Standing::Rejected, Some(message))
+        }
+        // A partial NACK of other resources applied this one: the board ran it already.
+        false => (Standing::Taken, None),
+    }
+}
+
+/// One object's status from what was gathered: each node's standing (its worst resource's),
+/// with `since` and what the fleet was pushed since (`fresh`) judging what it runs.
+fn status(
+    mut g: Gathered,
+    since: Option<Timestamp>,
+    fresh: &HashMap<(Arc<str>, String), u64>,
+    connected: u64,
+    reached: u64,
+    asked: String,
+) -> ObjectStatus {
+    let mut nodes: Vec<v1::ObjectNode> = Vec::new();
+    let mut count: BTreeMap<Standing, u64> = std::mem::take(&mut g.counted);
+    for (id, (is_connected, seen)) in std::mem::take(&mut g.nodes) {
+        let resources: Vec<v1::ObjectNodeResource> = (seen.into_iter())
+            .map(|mut s| {
+                if s.state == Standing::Taken {
+                    let old = since.is_some_and(|t| s.pushed.as_ref().is_none_or(|p| p.2 < t));
+                    let runs_fresh = (s.runs.as_ref()).is_some_and(|r| {
+                        fresh.get(&(s.type_url.clone(), s.name.clone())) == Some(&r.1)
+                    });
+                    if old && !runs_fresh {
+                        s.state = Standing::NotPushed;
+                    }
+                }
+                node_resource(s)
+            })
+            .collect();
+        let worst = (resources.iter())
+            .map(|r| r.state())
+            .min()
+            .unwrap_or(Standing::Taken);
+        let state = match is_connected {
+            true => worst,
+            false => Standing::Disconnected,
+        };
+        *count.entry(state).or_default() += 1;
+        nodes.push(v1::ObjectNode {
+            node: id.to_string(),
+            state: state as i32,
+            connected: is_connected,
+            resources,
+            tap: String::new(),
+        });
+    }
+    nodes.sort_by(|a, b| a.state.cmp(&b.state).then(a.node.cmp(&b.node)));
+    let c = |s: Standing| count.get(&s).copied().unwrap_or(0);
+    let mut pushes: Vec<v1::ObjectPush> = (g.pushes.into_iter())
+        .map(|((url, version), (at, nodes))| v1::ObjectPush {
+            r#type: short_type(&url).to_string(),
+            version,
+            at: rfc3339(at),
+            nodes,
+        })
+        .collect();
+    pushes.sort_by(|a, b| b.at.cmp(&a.at));
+    pushes.truncate(PUSHES_CAP);
+    let object = g.object.as_ref().map(|o| v1::Origin {
+        kubectl: o.kubectl().unwrap_or_default(),
+        ..v1::Origin::from(&crate::xds::origin::Origin {
+            object: o.clone(),
+            resource: String::new(),
+            part: String::new(),
+            named: false,
+        })
+    });
+    let nodes_total = reached;
+    ObjectStatus {
+        object,
+        sections: g.sections.into_iter().collect(),
+        resource_count: g.resources.len() as u64,
+        resources: (g.resources.into_iter().take(NAMES_CAP))
+            .map(|(url, name)| v1::ObjectResource {
+                r#type: short_type(&url).to_string(),
+                type_url: url.to_string(),
+                name,
+            })
+            .collect(),
+        nodes: nodes_total,
+        taken: c(Standing::Taken),
+        pending: c(Standing::Pending),
+        rejected: c(Standing::Rejected),
+        not_pushed: c(Standing::NotPushed),
+        disconnected: c(Standing::Disconnected),
+        out_of_scope: connected.saturating_sub(nodes_total - c(Standing::Disconnected)),
+        last_pushed: match g.last_pushed {
+            0 => String::new(),
+            t => rfc3339(t),
+        },
+        pushes,
+        node_states: nodes,
+        asked,
+    }
+}
+
+fn node_resource(s: Seen) -> v1::ObjectNodeResource {
+    let hex = |d: u64| format!("{d:016x}");
+    let (version, digest) = match &s.runs {
+        Some((v, d, _)) => (v.clone(), hex(*d)),
+        None => (String::new(), String::new()),
+    };
+    let (pushed_version, pushed_digest, pushed_at) = match &s.pushed {
+        Some((v, d, at)) => (v.clone(), hex(*d), rfc3339(*at)),
+        None => (String::new(), String::new(), String::new()),
+    };
+    v1::ObjectNodeResource {
+        r#type: short_type(&s.type_url).to_string(),
+        name: s.name,
+        version,
+        digest,
+        pushed_version,
+        pushed_digest,
+        pushed_at,
+        state: s.state as i32,
+        error: s.error,
+    }
+}

@@ -313,6 +313,9 @@ struct Board {
     /// New nodes not tracked: the board was full of connected nodes.
     untracked: u64,
     last_sweep: Timestamp,
+    /// When each content of a resource that names objects was first pushed (what a `since`
+    /// judges new by).
+    first_pushed: objects::FirstPushed,
 }
 
 /// The shared status board.
@@ -384,6 +387,9 @@ impl StatusBoard {
         }
         if !matches!(event, Event::StreamEnd { .. }) && !board.streams.contains_key(&stream) {
             board.streams.insert(stream, key.clone());
+        }
+        if let Event::Push { push, .. } = event {
+            board.first_pushed.on_push(push);
         }
         let Board { nodes, names, .. } = &mut *board;
         let node = nodes.get_mut(&*key).expect("inserted above");
@@ -1248,5 +1254,36 @@ mod tests {
             (none.objects[0].nodes, none.objects[0].out_of_scope),
             (0, 3)
         );
+    }
+
+    /// Old content pushed again after `since` (a node that reconnects, an unrelated full push)
+    /// is no new content: the object is taken only once content no node had before arrives.
+    #[test]
+    fn old_content_pushed_again_is_not_taken_since() {
+        use crate::api::v1::object_node::Standing as O;
+        let board = StatusBoard::new(StatusSettings::default());
+        let mut e = Vec::new();
+        let (mut n1, mut late) = (stream(1), stream(2));
+        n1.on_request(req(Some("n1"), "", "", None), S, &mut e);
+        n1.on_response(clusters("v1", "1", &[("a", 1)]), S, &mut e);
+        n1.on_request(req(None, "v1", "1", None), S, &mut e);
+        // After `since` (2 s) a node connects and gets v1 again.
+        late.on_request(req(Some("late"), "", "", None), 3 * S, &mut e);
+        late.on_response(clusters("v1", "1", &[("a", 1)]), 3 * S, &mut e);
+        late.on_request(req(None, "v1", "1", None), 3 * S, &mut e);
+        feed(&board, std::mem::take(&mut e));
+        let a: crate::ObjectSpec = "destinationrule/default/a".parse().unwrap();
+        let states = |board: &StatusBoard| -> Vec<O> {
+            let r = board.objects(9 * S, std::slice::from_ref(&a), Some(2 * S));
+            r.objects[0].node_states.iter().map(|n| n.state()).collect()
+        };
+        assert_eq!(states(&board), [O::NotPushed, O::NotPushed]);
+        // New content reaches both.
+        for c in [&mut n1, &mut late] {
+            c.on_response(clusters("v2", "2", &[("a", 2)]), 4 * S, &mut e);
+            c.on_request(req(None, "v2", "2", None), 4 * S, &mut e);
+        }
+        feed(&board, std::mem::take(&mut e));
+        assert_eq!(states(&board), [O::Taken, O::Taken]);
     }
 }

@@ -27,6 +27,65 @@ use crate::xds::{short_type, Api, Resources};
 
 /// Pushes listed per object at most.
 const PUSHES_CAP: usize = 20;
+/// Contents remembered per resource (the newest), and resources at most: a bound on what the
+/// view keeps whatever the fleet's churn (past it, new resources are not followed, and a
+/// `since` cannot tell their new content from the old).
+const CONTENTS: usize = 4;
+const MAX_FOLLOWED: usize = 1 << 20;
+
+/// When each content (by digest) of each resource that names objects was first pushed to any
+/// node: what a `since` judges new by. A push the fleet shares is read once (its set is
+/// remembered by pointer, per type).
+#[derive(Default)]
+pub(super) struct FirstPushed {
+    by: HashMap<(Arc<str>, Box<str>), Vec<(u64, Timestamp)>>,
+    /// The last set read per type: the fleet's copies of it cost nothing more.
+    last: HashMap<Arc<str>, usize>,
+}
+
+impl FirstPushed {
+    pub(super) fn on_push(&mut self, push: &crate::correlate::Push) {
+        if !push.resources.has_origins() || push.heartbeat() {
+            return;
+        }
+        let ptr = Arc::as_ptr(&push.resources) as usize;
+        let url: Arc<str> = match self.last.get_key_value(push.type_url.as_str()) {
+            Some((_, &p)) if p == ptr => return,
+            Some((k, _)) => k.clone(),
+            None => push.type_url.as_str().into(),
+        };
+        self.last.insert(url.clone(), ptr);
+        for (i, r) in push.resources.iter().enumerate() {
+            if r.bare || push.resources.origins_of(i).is_none() {
+                continue;
+            }
+            let k = (url.clone(), Box::from(&*r.name));
+            if !self.by.contains_key(&k) && self.by.len() >= MAX_FOLLOWED {
+                continue;
+            }
+            let seen = self.by.entry(k).or_default();
+            if !seen.iter().any(|(d, _)| *d == r.digest) {
+                if seen.len() == CONTENTS {
+                    seen.remove(0);
+                }
+                seen.push((r.digest, push.at));
+            }
+        }
+    }
+
+    /// The contents of a resource first pushed at or after `since`.
+    fn new_since(
+        &self,
+        url: &Arc<str>,
+        name: &str,
+        since: Timestamp,
+    ) -> impl Iterator<Item = u64> + '_ {
+        let k = (url.clone(), Box::from(name));
+        (self.by.get(&k).into_iter().flatten())
+            .filter(move |(_, at)| *at >= since)
+            .map(|(d, _)| *d)
+    }
+}
 
 /// An object as a user names it: `KIND/NAMESPACE/NAME`, or `KIND/NAME` for a cluster-scoped
 /// kind; the kind in any case, with its API group or without (`destinationrule`,
@@ -236,10 +295,8 @@ impl StatusBoard {
                     let index = (sets.entry(ptr))
                         .or_insert_with(|| SetIndex::of(&taken.resources, &wanted));
                     let pushed_at = taken.pushed_at;
-                    let state = match since.is_some_and(|s| pushed_at < s) {
-                        true => Standing::NotPushed,
-                        false => Standing::Taken,
-                    };
+                    // A listing counts what runs; a `since` judges named objects only.
+                    let state = Standing::Taken;
                     for (k, idx) in &index.by {
                         let worst = mine.entry(k.clone()).or_insert(state);
                         *worst = (*worst).min(state);
@@ -283,15 +340,7 @@ impl StatusBoard {
                                 pushes.push((v.clone(), *at));
                             }
                         }
-                        let state = match s.state {
-                            Standing::Taken
-                                if since
-                                    .is_some_and(|t| s.pushed.as_ref().is_none_or(|p| p.2 < t)) =>
-                            {
-                                Standing::NotPushed
-                            }
-                            other => other,
-                        };
+                        let state = s.state;
                         let worst = mine.entry(k.clone()).or_insert(state);
                         *worst = (*worst).min(state);
                         if !listing {
@@ -316,33 +365,13 @@ impl StatusBoard {
                 }
             }
         }
-        // What some node was pushed since `since`, per resource: a node that runs that content
-        // has taken it, whether or not the control plane pushed it to that node again.
-        let mut fresh: HashMap<(Arc<str>, String), u64> = HashMap::new();
-        if let Some(since) = since {
-            for g in by.values() {
-                for (_, seen) in g.nodes.values() {
-                    for s in seen.iter() {
-                        if let Some((_, digest, _)) = s.pushed.as_ref().filter(|p| p.2 >= since) {
-                            fresh.insert((s.type_url.clone(), s.name.clone()), *digest);
-                        }
-                    }
-                }
-            }
-        }
         let mut objects: Vec<ObjectStatus> = Vec::new();
         let reach = |k: &Key| reached.get(k).copied().unwrap_or(0);
         if listing {
             let all: Vec<(Key, Gathered)> = by.drain().collect();
             for (k, g) in all {
-                objects.push(status(
-                    g,
-                    since,
-                    &fresh,
-                    connected,
-                    reach(&k),
-                    String::new(),
-                ));
+                let first = &board.first_pushed;
+                objects.push(status(g, None, first, connected, reach(&k), String::new()));
             }
             objects.sort_by(|a, b| b.nodes.cmp(&a.nodes).then(label(a).cmp(&label(b))));
         } else {
@@ -356,7 +385,8 @@ impl StatusBoard {
                 match found.cloned() {
                     Some(k) => {
                         let g = by.remove(&k).unwrap_or_default();
-                        objects.push(status(g, since, &fresh, connected, reach(&k), asked));
+                        let first = &board.first_pushed;
+                        objects.push(status(g, since, first, connected, reach(&k), asked));
                     }
                     None => objects.push(ObjectStatus {
                         asked,
@@ -541,22 +571,30 @@ fn unsettled_state(u: &super::resources::Unsettled, name: &str) -> (Standing, Op
 fn status(
     mut g: Gathered,
     since: Option<Timestamp>,
-    fresh: &HashMap<(Arc<str>, String), u64>,
+    first: &FirstPushed,
     connected: u64,
     reached: u64,
     asked: String,
 ) -> ObjectStatus {
     let mut nodes: Vec<v1::ObjectNode> = Vec::new();
     let mut count: BTreeMap<Standing, u64> = std::mem::take(&mut g.counted);
+    // With `since`: whether anything made from the object got new content since (content no
+    // node was pushed before). A resource with new content is taken where it runs that content;
+    // one without is taken where it runs what was last pushed, once the object changed at all.
+    let changed = since.is_some_and(|t| {
+        (g.resources.iter()).any(|(url, name)| first.new_since(url, name, t).next().is_some())
+    });
     for (id, (is_connected, seen)) in std::mem::take(&mut g.nodes) {
         let resources: Vec<v1::ObjectNodeResource> = (seen.into_iter())
             .map(|mut s| {
-                if s.state == Standing::Taken {
-                    let old = since.is_some_and(|t| s.pushed.as_ref().is_none_or(|p| p.2 < t));
-                    let runs_fresh = (s.runs.as_ref()).is_some_and(|r| {
-                        fresh.get(&(s.type_url.clone(), s.name.clone())) == Some(&r.1)
-                    });
-                    if old && !runs_fresh {
+                if let (Standing::Taken, Some(t)) = (s.state, since) {
+                    let mut new = first.new_since(&s.type_url, &s.name, t).peekable();
+                    let runs = s.runs.as_ref().map(|r| r.1);
+                    let taken = match new.peek() {
+                        Some(_) => new.any(|d| Some(d) == runs),
+                        None => changed,
+                    };
+                    if !taken {
                         s.state = Standing::NotPushed;
                     }
                 }

@@ -36,5 +36,6 @@ mod status;
 mod tls_errors;
 mod tls_unix;
 mod transparency;
+mod wait_object;
 mod warming;
 mod wire;

@@ -527,6 +527,121 @@ fn moved_on(all: &mut [Rollout]) {
     }
 }
 
+/// One object report of several taps': each object once (in the order asked, or most nodes
+/// first), each node once, as the tap it is connected to sees it (else the tap that saw it
+/// pushed last), its counts made again from the nodes; a listing without nodes adds the taps'
+/// counts. `started_at` is the latest of the taps' starts.
+pub fn objects(
+    answers: Vec<(String, crate::api::v1::ObjectReport)>,
+    taps: Vec<TapAnswer>,
+) -> crate::api::v1::ObjectReport {
+    use crate::api::v1::{object_node::Standing, ObjectNode, ObjectReport, ObjectStatus};
+    let mut merged = ObjectReport {
+        taps,
+        ..Default::default()
+    };
+    // By the object's spelling (asked) or its label (listed), in the order first seen.
+    let mut order: Vec<String> = Vec::new();
+    let mut by: BTreeMap<String, (ObjectStatus, BTreeMap<String, ObjectNode>)> = BTreeMap::new();
+    for (admin, report) in answers {
+        merged.generated_at = merged.generated_at.max(report.generated_at);
+        merged.started_at = merged.started_at.max(report.started_at);
+        merged.connected += report.connected;
+        for mut o in report.objects {
+            let key = match (&o.asked, &o.object) {
+                (a, _) if !a.is_empty() => a.clone(),
+                (_, Some(object)) => object.label(),
+                _ => continue,
+            };
+            let nodes = std::mem::take(&mut o.node_states);
+            let e = by.entry(key.clone()).or_insert_with(|| {
+                order.push(key.clone());
+                (
+                    ObjectStatus {
+                        asked: o.asked.clone(),
+                        ..Default::default()
+                    },
+                    BTreeMap::new(),
+                )
+            });
+            let (m, seen) = e;
+            if m.object.is_none() {
+                m.object = o.object.clone();
+            }
+            for s in o.sections {
+                if !m.sections.contains(&s) {
+                    m.sections.push(s);
+                }
+            }
+            for r in o.resources {
+                if !m
+                    .resources
+                    .iter()
+                    .any(|x| x.type_url == r.type_url && x.name == r.name)
+                {
+                    m.resources.push(r);
+                }
+            }
+            m.resource_count = m
+                .resource_count
+                .max(o.resource_count)
+                .max(m.resources.len() as u64);
+            m.out_of_scope += o.out_of_scope;
+            m.last_pushed = m.last_pushed.clone().max(o.last_pushed);
+            for p in o.pushes {
+                match (m.pushes.iter_mut()).find(|x| x.r#type == p.r#type && x.version == p.version)
+                {
+                    Some(x) => {
+                        x.nodes += p.nodes;
+                        x.at = x.at.clone().min(p.at);
+                    }
+                    None => m.pushes.push(p),
+                }
+            }
+            if nodes.is_empty() {
+                // A listing: counts only.
+                m.nodes += o.nodes;
+                m.taken += o.taken;
+                m.pending += o.pending;
+                m.rejected += o.rejected;
+                m.not_pushed += o.not_pushed;
+                m.disconnected += o.disconnected;
+            }
+            for mut n in nodes {
+                n.tap = admin.clone();
+                let last = |n: &ObjectNode| n.resources.iter().map(|r| r.pushed_at.clone()).max();
+                let better = match seen.get(&n.node) {
+                    None => true,
+                    Some(s) => (n.connected, last(&n)) > (s.connected, last(s)),
+                };
+                if better {
+                    seen.insert(n.node.clone(), n);
+                }
+            }
+        }
+    }
+    for key in order {
+        let Some((mut o, nodes)) = by.remove(&key) else {
+            continue;
+        };
+        if !nodes.is_empty() {
+            let count = |s: Standing| nodes.values().filter(|n| n.state() == s).count() as u64;
+            o.nodes = nodes.len() as u64;
+            o.taken = count(Standing::Taken);
+            o.pending = count(Standing::Pending);
+            o.rejected = count(Standing::Rejected);
+            o.not_pushed = count(Standing::NotPushed);
+            o.disconnected = count(Standing::Disconnected);
+            let mut all: Vec<ObjectNode> = nodes.into_values().collect();
+            all.sort_by(|a, b| a.state.cmp(&b.state).then(a.node.cmp(&b.node)));
+            o.node_states = all;
+        }
+        o.pushes.sort_by(|a, b| b.at.cmp(&a.at));
+        merged.objects.push(o);
+    }
+    merged
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -664,119 +779,4 @@ mod tests {
         let v3 = &r.rollouts[0];
         assert_eq!((v3.pushed, v3.acked, v3.pending, v3.moved_on), (2, 1, 1, 0));
     }
-}
-
-/// One object report of several taps': each object once (in the order asked, or most nodes
-/// first), each node once, as the tap it is connected to sees it (else the tap that saw it
-/// pushed last), its counts made again from the nodes; a listing without nodes adds the taps'
-/// counts. `started_at` is the latest of the taps' starts.
-pub fn objects(
-    answers: Vec<(String, crate::api::v1::ObjectReport)>,
-    taps: Vec<TapAnswer>,
-) -> crate::api::v1::ObjectReport {
-    use crate::api::v1::{object_node::Standing, ObjectNode, ObjectReport, ObjectStatus};
-    let mut merged = ObjectReport {
-        taps,
-        ..Default::default()
-    };
-    // By the object's spelling (asked) or its label (listed), in the order first seen.
-    let mut order: Vec<String> = Vec::new();
-    let mut by: BTreeMap<String, (ObjectStatus, BTreeMap<String, ObjectNode>)> = BTreeMap::new();
-    for (admin, report) in answers {
-        merged.generated_at = merged.generated_at.max(report.generated_at);
-        merged.started_at = merged.started_at.max(report.started_at);
-        merged.connected += report.connected;
-        for mut o in report.objects {
-            let key = match (&o.asked, &o.object) {
-                (a, _) if !a.is_empty() => a.clone(),
-                (_, Some(object)) => object.label(),
-                _ => continue,
-            };
-            let nodes = std::mem::take(&mut o.node_states);
-            let e = by.entry(key.clone()).or_insert_with(|| {
-                order.push(key.clone());
-                (
-                    ObjectStatus {
-                        asked: o.asked.clone(),
-                        ..Default::default()
-                    },
-                    BTreeMap::new(),
-                )
-            });
-            let (m, seen) = e;
-            if m.object.is_none() {
-                m.object = o.object.clone();
-            }
-            for s in o.sections {
-                if !m.sections.contains(&s) {
-                    m.sections.push(s);
-                }
-            }
-            for r in o.resources {
-                if !m
-                    .resources
-                    .iter()
-                    .any(|x| x.type_url == r.type_url && x.name == r.name)
-                {
-                    m.resources.push(r);
-                }
-            }
-            m.resource_count = m
-                .resource_count
-                .max(o.resource_count)
-                .max(m.resources.len() as u64);
-            m.out_of_scope += o.out_of_scope;
-            m.last_pushed = m.last_pushed.clone().max(o.last_pushed);
-            for p in o.pushes {
-                match (m.pushes.iter_mut()).find(|x| x.r#type == p.r#type && x.version == p.version)
-                {
-                    Some(x) => {
-                        x.nodes += p.nodes;
-                        x.at = x.at.clone().min(p.at);
-                    }
-                    None => m.pushes.push(p),
-                }
-            }
-            if nodes.is_empty() {
-                // A listing: counts only.
-                m.nodes += o.nodes;
-                m.taken += o.taken;
-                m.pending += o.pending;
-                m.rejected += o.rejected;
-                m.not_pushed += o.not_pushed;
-                m.disconnected += o.disconnected;
-            }
-            for mut n in nodes {
-                n.tap = admin.clone();
-                let last = |n: &ObjectNode| n.resources.iter().map(|r| r.pushed_at.clone()).max();
-                let better = match seen.get(&n.node) {
-                    None => true,
-                    Some(s) => (n.connected, last(&n)) > (s.connected, last(s)),
-                };
-                if better {
-                    seen.insert(n.node.clone(), n);
-                }
-            }
-        }
-    }
-    for key in order {
-        let Some((mut o, nodes)) = by.remove(&key) else {
-            continue;
-        };
-        if !nodes.is_empty() {
-            let count = |s: Standing| nodes.values().filter(|n| n.state() == s).count() as u64;
-            o.nodes = nodes.len() as u64;
-            o.taken = count(Standing::Taken);
-            o.pending = count(Standing::Pending);
-            o.rejected = count(Standing::Rejected);
-            o.not_pushed = count(Standing::NotPushed);
-            o.disconnected = count(Standing::Disconnected);
-            let mut all: Vec<ObjectNode> = nodes.into_values().collect();
-            all.sort_by(|a, b| a.state.cmp(&b.state).then(a.node.cmp(&b.node)));
-            o.node_states = all;
-        }
-        o.pushes.sort_by(|a, b| b.at.cmp(&a.at));
-        merged.objects.push(o);
-    }
-    merged
 }

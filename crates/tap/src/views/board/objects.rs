@@ -33,12 +33,15 @@ const PUSHES_CAP: usize = 20;
 const CONTENTS: usize = 4;
 const MAX_FOLLOWED: usize = 1 << 20;
 
+/// The contents of one resource (digest, when first pushed), oldest first.
+type Contents = Vec<(u64, Timestamp)>;
+
 /// When each content (by digest) of each resource that names objects was first pushed to any
 /// node: what a `since` judges new by. A push the fleet shares is read once (its set is
 /// remembered by pointer, per type).
 #[derive(Default)]
 pub(super) struct FirstPushed {
-    by: HashMap<(Arc<str>, Box<str>), Vec<(u64, Timestamp)>>,
+    by: HashMap<(Arc<str>, Box<str>), Contents>,
     /// The last set read per type: the fleet's copies of it cost nothing more.
     last: HashMap<Arc<str>, usize>,
 }

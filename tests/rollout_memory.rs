@@ -85,6 +85,7 @@ fn fleet(kept: usize) -> (usize, usize, usize) {
             control_plane: None,
             resource_errors: vec![],
             resent_rejected: 0,
+            objects_changed: None,
         });
         for (i, context) in contexts.iter().enumerate() {
             let context = Context {

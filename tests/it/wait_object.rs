@@ -50,7 +50,15 @@ fn snapshot(version: &str, port: u32, reviews_bad: bool, ratings_bad: bool) -> S
 }
 
 fn ratings(bad: bool) -> (String, envoy_types::pb::google::protobuf::Any) {
-    istio_cluster(RATINGS, ("ratings", "default", "ratings", ""), 9, bad)
+    // Encoded once each: the metadata is a protobuf Struct, whose map prost encodes in a random
+    // order, and the same cluster must be the same bytes from one push to the next.
+    static ENCODED: std::sync::OnceLock<[(String, envoy_types::pb::google::protobuf::Any); 2]> =
+        std::sync::OnceLock::new();
+    let both = ENCODED.get_or_init(|| {
+        let of = |bad| istio_cluster(RATINGS, ("ratings", "default", "ratings", ""), 9, bad);
+        [of(false), of(true)]
+    });
+    both[usize::from(bad)].clone()
 }
 
 /// What the node outside the scope gets: no cluster made from the reviews DestinationRule.
@@ -70,19 +78,30 @@ struct Stage {
     tap: XdsTap,
     cp: ControlPlane,
     envoys: Vec<Envoy>,
+    log: std::path::PathBuf,
+    _dir: support::TempDir,
 }
 
 impl Stage {
     async fn start(first: &Snapshot) -> Stage {
         let (cp, cp_addr, _server) = ControlPlane::listening(first.clone()).await;
         cp.set_for_node(SCOPED_OUT, scoped(&first.version, false));
-        let config = support::tap::config("127.0.0.1:0", &cp_addr);
+        let dir = support::TempDir::new("wait-object");
+        let log = dir.path().join("events.jsonl");
+        let mut config = support::tap::config("127.0.0.1:0", &cp_addr);
+        config.event_log = Some(log.clone());
         let tap = XdsTap::with_config(config, vec![]).await;
         let mut envoys = Vec::new();
         for (node, delta) in IN_SCOPE.iter().chain(&[(SCOPED_OUT, false)]) {
             envoys.push(Envoy::start(node, Xds::Tcp(tap.tap.addr.clone()), *delta).await);
         }
-        let stage = Stage { tap, cp, envoys };
+        let stage = Stage {
+            tap,
+            cp,
+            envoys,
+            log,
+            _dir: dir,
+        };
         stage.ports(first, 30).await;
         stage
     }
@@ -294,6 +313,29 @@ async fn wait_for_an_object_across_nodes_sotw_and_delta() {
     assert!(out.contains("taken by 2 of 2 nodes"), "{out}");
     stage.ports(&v2, 20).await;
     agrees(&stage, &v2).await;
+    // The event log says which objects v2 changed for each node (the spans carry the same).
+    for (node, _) in IN_SCOPE {
+        let line = support::eventually(10, &format!("{node}'s CDS ack of v2"), || {
+            let text = std::fs::read_to_string(&stage.log).unwrap_or_default();
+            (text.lines())
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .find(|r| {
+                    r["node"] == node
+                        && r["type"] == "CDS"
+                        && r["verdict"] == "ack"
+                        && r["objects_changed_count"] == 2
+                })
+        })
+        .await;
+        let changed: Vec<&str> = (line["objects_changed"].as_array().unwrap().iter())
+            .filter_map(|v| v.as_str())
+            .collect();
+        assert_eq!(
+            changed,
+            ["DestinationRule default/reviews", "Service default/reviews"],
+            "{line}"
+        );
+    }
 
     // A node not pushed since, and one that never answers: exit 2 at the timeout, each named.
     let t1 = xdstap::rfc3339(xdstap::now());

@@ -110,6 +110,11 @@ pub struct Push {
     /// (the same resources, by digest, as the last push it rejected): 0 for a push that is
     /// no resend. go-control-plane-style servers ignore `error_detail` and loop like this.
     pub resent_rejected: u32,
+    /// The objects whose resources it changes against what the client ran (none when the tap
+    /// did not see what the client ran: a stream's first push), shared by every stream that
+    /// moved between the same two pushes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub objects_changed: Option<Arc<crate::xds::origin::Changed>>,
 }
 
 impl Push {
@@ -543,6 +548,39 @@ impl Subscription {
     }
 }
 
+/// The objects `new` changes against what the client ran (`accepted`): none when the tap does
+/// not know what it ran, or neither side names objects.
+fn objects_changed(
+    accepted: Option<&Accepted>,
+    new: &Arc<Resources>,
+    interner: Option<&crate::xds::Interner>,
+) -> Option<Arc<crate::xds::origin::Changed>> {
+    use crate::xds::origin::Changed;
+    match accepted? {
+        Accepted::Push(old) | Accepted::Except(old, _) => {
+            if Arc::ptr_eq(old, new) || (!old.has_origins() && !new.has_origins()) {
+                return None;
+            }
+            Some(match interner {
+                Some(i) => i.changed(old, new),
+                None => Arc::new(Changed::between(old, new)),
+            })
+        }
+        Accepted::Digests(had) => {
+            if !new.has_origins() {
+                return None;
+            }
+            let mut c = Changed::default();
+            for (i, r) in new.iter().enumerate() {
+                if !r.bare && had.get(&*r.name) != Some(&r.digest) {
+                    c.add(new.origins_of(i));
+                }
+            }
+            Some(Arc::new(c))
+        }
+    }
+}
+
 /// An open CDS push's clusters warming: the EDS names it waits for.
 struct Warming {
     nonce: String,
@@ -761,20 +799,24 @@ impl Correlator {
             }
             _ => 0,
         };
+        let resources = {
+            let mut r = resp.resources;
+            r.shrink_to_fit();
+            match &interner {
+                Some(i) => i.intern(r),
+                None => Arc::new(r),
+            }
+        };
+        let objects_changed =
+            objects_changed(sub.accepted.as_ref(), &resources, interner.as_deref());
         let push = Arc::new(Push {
             resent_rejected,
+            objects_changed,
             type_url: resp.type_url,
             version: resp.version_info,
             nonce: resp.nonce,
             at: now,
-            resources: {
-                let mut r = resp.resources;
-                r.shrink_to_fit();
-                match interner {
-                    Some(i) => i.intern(r),
-                    None => Arc::new(r),
-                }
-            },
+            resources,
             removed: resp.removed,
             bytes: resp.bytes,
             control_plane: resp.control_plane,

@@ -742,7 +742,16 @@ pub struct Interner {
     /// Pushes being recorded, by their first resource's digest: claimed while the stream
     /// recording holds the token.
     recording: Mutex<std::collections::HashMap<u128, Weak<()>, Prehashed>>,
+    /// The objects one set changed against another, for the last few pairs: a fleet moving
+    /// from one push to the next diffs them once.
+    changes: Mutex<std::collections::VecDeque<ChangedPair>>,
 }
+
+/// Two sets, and the objects the second changed against the first.
+type ChangedPair = (Weak<Resources>, Weak<Resources>, Arc<origin::Changed>);
+
+/// Pairs of sets whose changed objects are kept.
+const CHANGES_KEPT: usize = 32;
 
 /// The keys of [`Interner::decoded`] are digests already: their low bits are the hash.
 #[derive(Clone, Copy, Default)]
@@ -809,6 +818,29 @@ impl<T: PartialEq> Interned<T> {
 }
 
 impl Interner {
+    /// The objects `new` changed against `old` ([`origin::Changed::between`]), diffed once for
+    /// every stream that moves from the one to the other.
+    pub fn changed(&self, old: &Arc<Resources>, new: &Arc<Resources>) -> Arc<origin::Changed> {
+        let lock = || self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        let same =
+            |w: &Weak<Resources>, a: &Arc<Resources>| std::ptr::eq(w.as_ptr(), Arc::as_ptr(a));
+        let found = (lock().iter())
+            .find(|(o, n, _)| {
+                same(o, old) && same(n, new) && o.strong_count() > 0 && n.strong_count() > 0
+            })
+            .map(|(_, _, c)| c.clone());
+        if let Some(c) = found {
+            return c;
+        }
+        let c = Arc::new(origin::Changed::between(old, new));
+        let mut kept = lock();
+        if kept.len() == CHANGES_KEPT {
+            kept.pop_front();
+        }
+        kept.push_back((Arc::downgrade(old), Arc::downgrade(new), c.clone()));
+        c
+    }
+
     /// The one live copy of `resources`, or `resources` itself, now shared (its chunks too).
     /// Empty sets are not kept: there is nothing to share.
     pub fn intern(&self, mut resources: Resources) -> Arc<Resources> {

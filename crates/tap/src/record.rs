@@ -97,6 +97,13 @@ pub struct VerdictRecord {
     /// names them (as the API shows them).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub objects: Vec<v1::Origin>,
+    /// The Kubernetes objects whose resources the push changed against what the client ran
+    /// (added, changed, removed), as their metadata names them: the first 64.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub objects_changed: Vec<String>,
+    /// How many objects it changed in all.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub objects_changed_count: usize,
     /// Superseded: the nonce of the push that overtook it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub superseded_by: Option<String>,
@@ -162,6 +169,11 @@ impl VerdictRecord {
             rejected: Vec::new(),
             applied: Vec::new(),
             objects: Vec::new(),
+            objects_changed: (push.objects_changed.iter())
+                .flat_map(|c| c.objects.iter())
+                .map(|o| o.label())
+                .collect(),
+            objects_changed_count: push.objects_changed.as_ref().map_or(0, |c| c.count),
             superseded_by: None,
             overtaken_by: overtaken_by.clone(),
             waiting_for: names(waiting_for),
@@ -198,6 +210,10 @@ impl VerdictRecord {
         }
         Some(r)
     }
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// A client that reconnected, stating what it runs, flattened: the event log's line for it

@@ -240,6 +240,79 @@ pub struct Origin {
     pub named: bool,
 }
 
+/// The objects whose resources a push changed for a stream (added, changed by content or
+/// removed, against what the client ran), each once: the first [`MAX_BEHIND`], and how many.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Changed {
+    /// The objects, each once, as their metadata names them (no section).
+    pub objects: Vec<ObjectRef>,
+    /// How many objects in all.
+    pub count: usize,
+}
+
+impl Changed {
+    /// The objects of the resources `old` and `new` differ in, by name and content: a resource
+    /// at the same place with the same digest is the same (a digest covers its name; control
+    /// planes keep their order), any other is looked up by name.
+    pub fn between(old: &crate::xds::Resources, new: &crate::xds::Resources) -> Changed {
+        let mut out = Changed::default();
+        if !old.has_origins() && !new.has_origins() {
+            return out;
+        }
+        let mut old_by_name: Option<std::collections::HashMap<String, (u64, usize)>> = None;
+        let mut seen_new = std::collections::HashSet::new();
+        for i in 0..new.len() {
+            let (Some((d, _)), Some(r)) = (new.digest_at(i), new.get(i)) else {
+                continue;
+            };
+            if old.digest_at(i).map(|o| o.0) == Some(d) {
+                seen_new.insert(r.name.into_owned());
+                continue;
+            }
+            let by = old_by_name.get_or_insert_with(|| {
+                (0..old.len())
+                    .filter_map(|j| Some((old.get(j)?.name.into_owned(), (old.digest_at(j)?.0, j))))
+                    .collect()
+            });
+            let same = by.get(&*r.name).is_some_and(|(od, _)| *od == d);
+            let name = r.name.into_owned();
+            if !same {
+                out.add(new.origins_of(i));
+            }
+            seen_new.insert(name);
+        }
+        // What `new` leaves out of `old` (SotW): removed.
+        for j in 0..old.len() {
+            let Some(r) = old.get(j) else { continue };
+            if !seen_new.contains(&*r.name) {
+                out.add(old.origins_of(j));
+            }
+        }
+        out
+    }
+
+    /// The objects of `origins`, those not counted yet.
+    pub fn add(&mut self, origins: Option<&Arc<Origins>>) {
+        for o in origins
+            .into_iter()
+            .flat_map(|o| o.parts.iter())
+            .flat_map(|p| p.objects.iter())
+        {
+            let object = ObjectRef {
+                section: "".into(),
+                ..o.clone()
+            };
+            if self.objects.contains(&object) {
+                continue;
+            }
+            self.count += 1;
+            if self.objects.len() < MAX_BEHIND {
+                self.objects.push(object);
+            }
+        }
+    }
+}
+
 /// The names a client's message holds as whole words (a name ends where a character that no
 /// name has stands: a space, a quote, a comma, a bracket; a trailing `:` or `.` is punctuation),
 /// read once so that looking up each part of a large push costs one lookup, not a search of the

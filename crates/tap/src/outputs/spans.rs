@@ -453,7 +453,7 @@ impl SpanSink {
 }
 
 /// What of a NACKed push was rejected and what landed all the same.
-fn scope(r: &VerdictRecord) -> [(&'static str, Option<Value>); 5] {
+fn scope(r: &VerdictRecord) -> [(&'static str, Option<Value>); 6] {
     let partial = r.nack_scope == Some(Scope::Partial);
     let objects = |f: fn(&crate::api::v1::Origin) -> String| {
         let all: Vec<String> = r.objects.iter().map(f).filter(|s| !s.is_empty()).collect();
@@ -469,6 +469,11 @@ fn scope(r: &VerdictRecord) -> [(&'static str, Option<Value>); 5] {
         // The objects the rejected resources were made from: `DestinationRule default/r`.
         ("xds.objects", objects(|o| o.label())),
         ("xds.objects.kubectl", objects(|o| o.kubectl.clone())),
+        // Any verdict: the objects whose resources the push changed for this client.
+        (
+            "xds.objects.changed",
+            (!r.objects_changed.is_empty()).then(|| strings(&r.objects_changed)),
+        ),
     ]
 }
 

@@ -26,7 +26,7 @@ use support::tap::{TapOptions, XdsTap};
 use xdstap::api::v1::RolloutReport;
 
 /// A headless Chromium showing `page`: the browser and the page's session.
-async fn open(page: String) -> (Browser, String) {
+pub(crate) async fn open(page: String) -> (Browser, String) {
     tokio::task::spawn_blocking(move || {
         let mut b = Browser::start(1400, 1000);
         let s = b.open(&page);
@@ -53,7 +53,7 @@ async fn http_head(addr: &str, path: &str) -> String {
 }
 
 /// `s` as a JavaScript string literal.
-fn js(s: &str) -> String {
+pub(crate) fn js(s: &str) -> String {
     serde_json::to_string(s).unwrap()
 }
 

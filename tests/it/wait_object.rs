@@ -8,7 +8,8 @@
 //! another object's cluster (exit 0 for this one, 1 for that one); a NACK of this object's
 //! cluster (exit 1, naming the node, the cluster and Envoy's words); a disconnected node (not
 //! waited for). At each stage the object view's content digests and versions agree with each
-//! Envoy's config_dump.
+//! Envoy's config_dump, and so does the page's objects section in a real Chromium (its row's
+//! counts, its nodes' digests, its filter). The event log says which objects each push changed.
 
 use std::time::Duration;
 
@@ -212,6 +213,44 @@ async fn agrees(stage: &Stage, snapshot: &Snapshot) {
     assert_eq!(o.out_of_scope, 1, "{o:?}");
 }
 
+/// The page's objects section: the object's row counts its nodes as the view does (the two in
+/// scope taken, the silent client that went away disconnected, the third Envoy out of scope), and its
+/// nodes, once opened, run the content of `snapshot` (by digest), as each Envoy's config_dump
+/// shows it.
+async fn page_agrees(stage: &Stage, snapshot: &Snapshot) {
+    use crate::page::{js, open};
+    let (mut browser, session) = open(format!("http://{}/", stage.tap.admin)).await;
+    let row = "[...document.querySelectorAll('tr.object-row')].find(r => r.dataset.object === 'DestinationRule/default/reviews')";
+    let cells = format!("(r => r ? [...r.cells].map(c => c.textContent) : null)({row})");
+    browser.until(
+        &session,
+        20,
+        &format!(
+            "(c => !!c && c[2] === '3' && c[3] === '2' && c[6] === '1' && c[7] === '1')({cells})"
+        ),
+    );
+    browser.eval(&session, &format!("{row}.click(); true"));
+    let want = digest_of(snapshot, REVIEWS);
+    for (node, _) in IN_SCOPE {
+        let found = format!(
+            "[...document.querySelectorAll('tr.object-node')].some(r => r.dataset.node === {} && r.dataset.digest === {} && r.textContent.includes('TAKEN'))",
+            js(node),
+            js(&want)
+        );
+        browser.until(&session, 10, &found);
+        let e = stage.envoys.iter().find(|e| e.node == node).unwrap();
+        assert_eq!(
+            dumped_port(e).await,
+            Some(port_of(snapshot)),
+            "{node}'s config_dump"
+        );
+    }
+    // The filter narrows the section.
+    let filter = "(f => { f.value = 'ratings'; f.dispatchEvent(new Event('input')); return true; })(document.getElementById('objects-filter'))";
+    browser.eval(&session, filter);
+    browser.until(&session, 5, &format!("!{row}"));
+}
+
 /// A SotW ADS client through the tap that subscribes to clusters and never answers a push.
 async fn silent(
     tap: &str,
@@ -400,6 +439,10 @@ async fn wait_for_an_object_across_nodes_sotw_and_delta() {
             "{l}"
         );
     }
+
+    // The page's objects section says the same, in a real Chromium: the object's row, and its
+    // nodes with the content each runs, as each Envoy's config_dump has it.
+    page_agrees(&stage, &v3).await;
 
     // A NACK of this object's cluster: exit 1, naming each node, the cluster and Envoy's words.
     let t3 = xdstap::rfc3339(xdstap::now());

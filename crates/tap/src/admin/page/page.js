@@ -1,5 +1,5 @@
-// The tap's live page: the fleet's sync state, rollouts and verdicts as they come. Reads only
-// the tap's own /status, /rollouts and /events; every string from the network goes into the
+// The tap's live page: the fleet's sync state, objects, rollouts and verdicts as they come.
+// Reads only the tap's own /status, /objects, /rollouts and /events; every string from the network goes into the
 // page as text (textContent), never as markup.
 "use strict";
 
@@ -16,6 +16,10 @@ const REFRESH_GAP_MS = 2000;
 let config = { trace_url: "" };
 let status = null;
 let rollouts = null;
+let objects = null;
+// The object whose nodes are shown, and its view.
+let openObject = null;
+let objectView = null;
 let verdicts = [];
 const open = new Set();
 const resources = new Map();
@@ -121,6 +125,74 @@ function renderObjects() {
         " (" + r.types.join(", ") + ": " + r.resources.join(", ") + ", from " + o.format.toLowerCase().replace(/_/g, "-") + " metadata)" }),
       el("div", { class: "msg", text: objectCommand(o) })));
   }
+}
+
+// An object as /objects?object= asks for it: kind/namespace/name.
+function objectSpec(o) {
+  return o.kind + "/" + (o.namespace ? o.namespace + "/" : "") + o.name;
+}
+
+function renderObjectTable() {
+  const tbody = $("object-table").tBodies[0];
+  tbody.replaceChildren();
+  if (!objects) return;
+  const filter = $("objects-filter").value.trim().toLowerCase();
+  const all = objects.objects || [];
+  const shown = all.filter((s) => !filter || objectLabel(s.object || {}).toLowerCase().includes(filter));
+  $("all-objects-count").textContent = shown.length + " of " + all.length;
+  for (const s of shown.slice(0, ROWS_SHOWN)) {
+    const o = s.object || {};
+    const spec = objectSpec(o);
+    const made = s.resources.map((r) => r.type + " " + r.name).join(", ") +
+      (s.resource_count > s.resources.length ? " and " + (s.resource_count - s.resources.length) + " more" : "");
+    tbody.append(el("tr", { class: "object-row", "data-object": spec, onclick: () => toggleObject(spec) },
+      el("td", { text: objectLabel(o) }), el("td", { text: made }),
+      ...[s.nodes, s.taken, s.pending, s.rejected, s.disconnected, s.out_of_scope].map((n) => el("td", { text: String(n) })),
+      el("td", { text: s.last_pushed || "-" })));
+    if (openObject === spec && objectView) tbody.append(objectDetail(objectView));
+  }
+  if (!all.length) tbody.append(el("tr", {}, el("td", { colspan: "9", class: "muted", text: "no resource seen names an object" })));
+}
+
+function toggleObject(spec) {
+  openObject = openObject === spec ? null : spec;
+  objectView = null;
+  if (openObject) loadObject(openObject);
+  renderObjectTable();
+}
+
+async function loadObject(spec) {
+  try {
+    const r = await fetch("/objects?object=" + encodeURIComponent(spec));
+    if (!r.ok) return;
+    const report = await r.json();
+    if (openObject !== spec) return;
+    objectView = (report.objects || [])[0] || null;
+    renderObjectTable();
+  } catch (_) { /* the link state says it */ }
+}
+
+// One object's nodes: each resource made from it, what the node runs and what was last
+// pushed to it (version and the first 8 of the content digest).
+function objectDetail(s) {
+  const box = el("td", { colspan: "9", class: "detail" });
+  box.append(el("div", { class: "msg", text: objectCommand(s.object || {}) }));
+  const table = el("table", { class: "object-nodes" },
+    el("tr", {}, ...["node", "state", "resource", "runs", "last pushed", "error"].map((h) => el("th", { text: h }))));
+  const content = (v, d) => d ? v + " " + d.slice(0, 8) : "-";
+  for (const n of s.node_states || []) {
+    for (const r of n.resources) {
+      table.append(el("tr", { class: "object-node", "data-node": n.node, "data-digest": r.digest },
+        el("td", { text: n.node }),
+        el("td", {}, el("span", { class: "state " + (n.state === "TAKEN" ? "SYNCED" : n.state === "REJECTED" ? "NACKED" : "PENDING"), text: n.state.replace("_", " ") })),
+        el("td", { text: r.type + " " + r.name }),
+        el("td", { text: content(r.version, r.digest) }),
+        el("td", { text: content(r.pushed_version, r.pushed_digest) + (r.pushed_at ? " at " + r.pushed_at : "") }),
+        el("td", { class: "msg", text: r.error || "-" })));
+    }
+  }
+  box.append(table);
+  return el("tr", { class: "detail-row" }, box);
 }
 
 // Whose clients the page shows: this tap's, or the tier's (admin.peers), naming any tap that
@@ -352,13 +424,16 @@ function refreshSoon(ms) {
 async function refresh() {
   lastRefresh = Date.now();
   try {
-    const [s, r] = await Promise.all([fetch("/status"), fetch("/rollouts")]);
-    if (!s.ok || !r.ok) throw new Error("HTTP " + s.status + "/" + r.status);
+    const [s, r, o] = await Promise.all([fetch("/status"), fetch("/rollouts"), fetch("/objects")]);
+    if (!s.ok || !r.ok || !o.ok) throw new Error("HTTP " + s.status + "/" + r.status + "/" + o.status);
     status = await s.json();
     rollouts = await r.json();
+    objects = await o.json();
     $("updated").textContent = "as of " + status.generated_at;
     renderFleet();
     renderRollouts();
+    renderObjectTable();
+    if (openObject) loadObject(openObject);
     for (const id of open) loadResources(id);
   } catch (e) {
     linkState(false, "lost the tap (" + e.message + "); trying again");
@@ -387,6 +462,7 @@ function listen() {
 
 async function start() {
   for (const id of ["node-filter", "cluster-filter", "object-filter"]) $(id).addEventListener("input", renderFleet);
+  $("objects-filter").addEventListener("input", renderObjectTable);
   try {
     const c = await fetch("/ui/config");
     if (c.ok) config = await c.json();

@@ -6,7 +6,7 @@
 //! filler bytes (`..._istio_metadata`): what reading it costs over bytes merely skipped, which is
 //! all a decoder that does not read it pays. Run: `cargo bench --bench decode`.
 
-use xdstap_support::istio;
+use xdstap::xds::wire::istio_cluster_metadata;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use xdstap::correlate::{Correlator, StreamContext};
@@ -33,7 +33,7 @@ fn cluster(i: usize, metadata: bool) -> Vec<u8> {
     field(&mut c, 4, &[8, 10]);
     let mut filler = 480;
     if metadata {
-        let m = istio::metadata(&format!("service-{i}"), &format!("namespace-{}", i % 50));
+        let m = istio_cluster_metadata(&format!("service-{i}"), &format!("namespace-{}", i % 50));
         filler -= m.len();
         c.extend(m);
     }

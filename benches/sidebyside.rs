@@ -28,7 +28,8 @@
 //! Run: `scripts/bench` (installs socat and nghttp2 if missing, then
 //! `cargo bench --bench sidebyside`). Under `cargo test` it runs a small smoke version.
 
-use xdstap_support::{istio, l4, otlp};
+use xdstap::xds::wire::istio_cluster_metadata;
+use xdstap_support::{l4, otlp};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -59,7 +60,7 @@ fn cluster_body(name: &str, i: usize, filler: usize, fill: u8) -> Vec<u8> {
     field(&mut c, 1, name.as_bytes());
     let mut left = filler;
     if with_metadata() {
-        let m = istio::metadata(&format!("svc-{i}"), &format!("ns-{}", i % 50));
+        let m = istio_cluster_metadata(&format!("svc-{i}"), &format!("ns-{}", i % 50));
         left = left.saturating_sub(m.len());
         c.extend(m);
     }

@@ -185,8 +185,8 @@ pub fn render(o: &ObjectStatus, wide: bool) -> String {
     out
 }
 
-/// `2 of 3 nodes took it: 1 rejected; 1 connected node receives nothing made from it`.
-fn counts(o: &ObjectStatus) -> String {
+/// `taken by 2 of 3 nodes (1 rejected); 1 connected node receives nothing made from it`.
+pub fn counts(o: &ObjectStatus) -> String {
     if o.nodes == 0 {
         return "no node receives anything made from it".into();
     }

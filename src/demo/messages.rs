@@ -19,8 +19,13 @@ const TCP_PROXY: &str =
 /// The built-in client's node id.
 pub const NODE: &str = "demo-client~127.0.0.1~builtin.demo~demo.svc.cluster.local";
 
+/// The namespace of the demo's objects: each cluster is made from the DestinationRule of its
+/// name there, as istiod writes it into the cluster's metadata.
+pub const NAMESPACE: &str = "demo";
+
 /// A STATIC cluster (type 0, no endpoints) with a connect timeout; name field 1,
-/// connect_timeout 4. Envoy rejects a timeout of 0s.
+/// connect_timeout 4, and istiod's metadata naming DestinationRule and Service `demo/NAME`
+/// (25). Envoy rejects a timeout of 0s.
 pub fn cluster(name: &str, timeout_ms: u64) -> Vec<u8> {
     let mut c = Vec::new();
     pb::bytes(&mut c, 1, name.as_bytes());
@@ -32,6 +37,7 @@ pub fn cluster(name: &str, timeout_ms: u64) -> Vec<u8> {
         pb::uint(&mut d, 2, (timeout_ms % 1000) * 1_000_000);
     }
     pb::bytes(&mut c, 4, &d);
+    c.extend(pb::istio_cluster_metadata(name, NAMESPACE));
     c
 }
 

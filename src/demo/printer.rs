@@ -129,18 +129,19 @@ impl Printer {
                 "31;1",
                 &format!(
                     "{t}  {ty:4} NACK {} ({ms:.1} ms{late}), in part: {} rejected; {} applied \
-                     all the same\n             error: {error}\n             changed: {}",
+                     all the same\n             error: {error}\n             changed: {}{}",
                     v.version,
                     names(&v.rejected),
                     names(&v.applied),
-                    v.changed.join(",")
+                    v.changed.join(","),
+                    made_from(v)
                 ),
             ),
             VerdictKind::Nack => self.paint(
                 "31;1",
                 &format!(
                     "{t}  {ty:4} NACK {} ({ms:.1} ms{late}): {}, client stays on {}\n             \
-                     error: {error}\n             suspects: {}   changed since last ACK: {}",
+                     error: {error}\n             suspects: {}   changed since last ACK: {}{}",
                     v.version,
                     match v.nack_scope {
                         Some(Scope::Whole) => "the whole push rejected",
@@ -148,7 +149,8 @@ impl Printer {
                     },
                     v.client_version.as_deref().unwrap_or("?"),
                     v.suspects.join(","),
-                    v.changed.join(",")
+                    v.changed.join(","),
+                    made_from(v)
                 ),
             ),
             VerdictKind::Superseded => self.paint(
@@ -177,5 +179,21 @@ fn names(all: &[String]) -> String {
     match all.is_empty() {
         true => "nothing".into(),
         false => all.join(", "),
+    }
+}
+
+/// `\n             made from: DestinationRule demo/b, Service demo/b` (the objects the rejected
+/// resources were made from), or nothing when their metadata names none.
+fn made_from(v: &VerdictRecord) -> String {
+    let mut labels: Vec<String> = Vec::new();
+    for o in &v.objects {
+        let l = o.label();
+        if !labels.contains(&l) {
+            labels.push(l);
+        }
+    }
+    match labels.is_empty() {
+        true => String::new(),
+        false => format!("\n             made from: {}", labels.join(", ")),
     }
 }

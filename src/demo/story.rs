@@ -107,6 +107,8 @@ struct Stage {
     recorder: Recorder,
     envoy: Option<Envoy>,
     cp: ControlPlane,
+    /// The tap's status board: the object view reads it.
+    status: xdstap::StatusBoard,
 }
 
 impl Stage {
@@ -273,6 +275,7 @@ pub async fn run(options: DemoOptions) -> anyhow::Result<Findings> {
         recorder,
         envoy: None,
         cp,
+        status: status.clone(),
     };
     let mut outcome = Findings {
         spans: spans_to,
@@ -390,8 +393,9 @@ async fn play(stage: &mut Stage, outcome: &mut Findings) -> anyhow::Result<bool>
     let ok2 = explain_nack(stage, outcome, mark);
     outcome.steps.push(("bad push".into(), v));
 
-    // Step 3: the fix -> ACK.
+    // Step 3: the fix -> ACK; and the DestinationRule behind b is taken by every node.
     stage.printer.say("\n3. v3 fixes cluster b");
+    let fixed_at = xdstap::now();
     let (_, v) = stage
         .step(
             snapshot("v3", 2000, 1000, &["http"]),
@@ -400,7 +404,7 @@ async fn play(stage: &mut Stage, outcome: &mut Findings) -> anyhow::Result<bool>
             |v| !v.is_empty(),
         )
         .await?;
-    let ok3 = v == ["CDS v3 ack"];
+    let ok3 = v == ["CDS v3 ack"] && explain_object(stage, fixed_at);
     outcome.steps.push(("fix".into(), v));
 
     // Step 4a: two pushes back to back, a bad one and its fix: the client's NACK of v4 arrives
@@ -511,6 +515,30 @@ fn explain_nack(stage: &Stage, outcome: &mut Findings, since: usize) -> bool {
     r.suspects == ["b"]
         && r.client_version.as_deref() == Some("v1")
         && message.contains("ConnectTimeout: value must be greater than 0s")
+}
+
+/// Step 3's object view: what `xdstap wait --object` answers for the DestinationRule behind
+/// cluster b, since the fix went out; whether every node took it.
+fn explain_object(stage: &Stage, since: u64) -> bool {
+    let spec = format!("destinationrule/{}/b", super::messages::NAMESPACE);
+    let Ok(object) = spec.parse::<xdstap::ObjectSpec>() else {
+        return false;
+    };
+    let report = stage.status.objects(xdstap::now(), &[object], Some(since));
+    let Some(o) = report.objects.first() else {
+        return false;
+    };
+    let taken = crate::cli::objects::outcome(o) == crate::cli::objects::Outcome::Taken;
+    stage.printer.say(&format!(
+        "           $ xdstap wait --object {spec} --since {}\n           {}: {}\n           -> \
+         every proxy that receives what the DestinationRule makes runs what was pushed since \
+         the fix: exit {}.",
+        xdstap::rfc3339(since),
+        o.object.as_ref().map(|x| x.label()).unwrap_or_default(),
+        crate::cli::objects::counts(o),
+        if taken { 0 } else { 2 }
+    ));
+    taken
 }
 
 /// The closing status table and what happened, in words.

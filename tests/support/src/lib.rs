@@ -1,7 +1,6 @@
 //! The real-peer harness every test and bench links (a crate of its own, compiled once): a
 //! tonic test service, the tap started in-process or as the `xdstap` binary, certificates, a
-//! real Envoy, scripted ADS control planes, OTLP receivers, the benches' L4 relay and istiod's
-//! metadata hand-encoded.
+//! real Envoy, scripted ADS control planes, OTLP receivers, the benches' L4 relay.
 pub mod browser;
 pub mod certs;
 pub mod control_plane;
@@ -9,7 +8,6 @@ pub mod csds;
 pub mod echo;
 pub mod envoy;
 pub mod grpc;
-pub mod istio;
 pub mod l4;
 pub mod metadata;
 pub mod otlp;

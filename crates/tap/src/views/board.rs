@@ -1256,8 +1256,9 @@ mod tests {
         );
     }
 
-    /// Old content pushed again after `since` (a node that reconnects, an unrelated full push)
-    /// is no new content: the object is taken only once content no node had before arrives.
+    /// Old content pushed again after `since` to one node (it reconnects) is what that node was
+    /// given since, and no change of the object for the others: they are not pushed since,
+    /// until new content reaches them.
     #[test]
     fn old_content_pushed_again_is_not_taken_since() {
         use crate::api::v1::object_node::Standing as O;
@@ -1277,7 +1278,7 @@ mod tests {
             let r = board.objects(9 * S, std::slice::from_ref(&a), Some(2 * S));
             r.objects[0].node_states.iter().map(|n| n.state()).collect()
         };
-        assert_eq!(states(&board), [O::NotPushed, O::NotPushed]);
+        assert_eq!(states(&board), [O::NotPushed, O::Taken]);
         // New content reaches both.
         for c in [&mut n1, &mut late] {
             c.on_response(clusters("v2", "2", &[("a", 2)]), 4 * S, &mut e);

@@ -8,9 +8,10 @@
 //!
 //! What "taken" means (docs/operating.md, "Has every proxy taken it"): for each resource made
 //! from the object that the node runs or was last pushed, the node runs the content (by
-//! digest) last pushed to it, and that push went out at or after `since`, or the content is
-//! what some node was pushed since. A NACK that rejects such a resource is REJECTED; one that
-//! rejects only other resources of the push leaves this object's applied (a partial NACK).
+//! digest) last pushed to it, and with `since` that push went out at or after it, or else the
+//! object changed since (content no node had been pushed before) and left this resource as it
+//! was. A NACK that rejects such a resource is REJECTED; one that rejects only other resources
+//! of the push leaves this object's applied (a partial NACK).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -581,9 +582,11 @@ fn status(
 ) -> ObjectStatus {
     let mut nodes: Vec<v1::ObjectNode> = Vec::new();
     let mut count: BTreeMap<Standing, u64> = std::mem::take(&mut g.counted);
-    // With `since`: whether anything made from the object got new content since (content no
-    // node was pushed before). A resource with new content is taken where it runs that content;
-    // one without is taken where it runs what was last pushed, once the object changed at all.
+    // With `since`: a resource a node runs counts as taken when the node was pushed it since
+    // (what it runs is what the control plane gave it since); else when the object changed
+    // since (some resource made from it got content no node was pushed before) and this
+    // resource did not (the change left it as it was). Old content pushed again to other nodes
+    // (a reconnect) changes nothing for this one.
     let changed = since.is_some_and(|t| {
         (g.resources.iter()).any(|(url, name)| first.new_since(url, name, t).next().is_some())
     });
@@ -591,13 +594,9 @@ fn status(
         let resources: Vec<v1::ObjectNodeResource> = (seen.into_iter())
             .map(|mut s| {
                 if let (Standing::Taken, Some(t)) = (s.state, since) {
-                    let mut new = first.new_since(&s.type_url, &s.name, t).peekable();
-                    let runs = s.runs.as_ref().map(|r| r.1);
-                    let taken = match new.peek() {
-                        Some(_) => new.any(|d| Some(d) == runs),
-                        None => changed,
-                    };
-                    if !taken {
+                    let pushed_since = s.pushed.as_ref().is_some_and(|p| p.2 >= t);
+                    let new = first.new_since(&s.type_url, &s.name, t).next().is_some();
+                    if !pushed_since && !(changed && !new) {
                         s.state = Standing::NotPushed;
                     }
                 }

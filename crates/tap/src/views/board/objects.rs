@@ -268,9 +268,23 @@ impl Gathered {
     }
 }
 
+/// A push the fleet shares, as the nodes that run it in full use it in one query: its index of
+/// objects, the nodes, and the first time one of them was pushed it.
+struct Shared<'a> {
+    url: Arc<str>,
+    taken: &'a super::resources::Taken,
+    index: SetIndex,
+    nodes: u64,
+    first: Timestamp,
+}
+
 impl StatusBoard {
     /// The objects `ask` names, each with every node it reaches, or every object, counted,
     /// without nodes; `since` judges what counts as taken. As of `now`.
+    ///
+    /// A node whose every type runs a push the fleet shares, in full and with nothing pending,
+    /// costs a pointer per type: the pushes are indexed once per query, and nodes that run the
+    /// same pushes are counted as one group.
     pub fn objects(
         &self,
         now: Timestamp,
@@ -283,57 +297,92 @@ impl StatusBoard {
             true => Wanted::All,
             false => Wanted::Some(ask),
         };
-        let mut sets: HashMap<usize, SetIndex> = HashMap::new();
+        let mut shared: HashMap<usize, Shared<'_>> = HashMap::new();
         let mut by: HashMap<Key, Gathered> = HashMap::new();
         let mut connected = 0u64;
         let mut reached: HashMap<Key, u64> = HashMap::new();
+        // Listing: nodes that run the same shared pushes in full, counted once per group.
+        let mut groups: HashMap<Vec<usize>, (u64, u64)> = HashMap::new();
         for (id, n) in board.nodes.iter() {
             let is_connected = !n.streams.is_empty();
             connected += u64::from(is_connected);
-            // This node's worst standing per object over its types (the listing's count).
-            let mut mine: BTreeMap<Key, Standing> = BTreeMap::new();
+            let mut uses: Vec<usize> = Vec::new();
+            let mut general: Vec<(Arc<str>, &TypeEntry)> = Vec::new();
             for (url, t) in n.types.iter() {
                 let url: Arc<str> = url.into();
-                if let (Some(Held::Push(taken, _)), None) = (&t.held, &t.unsettled) {
-                    let ptr = Arc::as_ptr(&taken.resources) as usize;
-                    let index = (sets.entry(ptr))
-                        .or_insert_with(|| SetIndex::of(&taken.resources, &wanted));
-                    let pushed_at = taken.pushed_at;
-                    // A listing counts what runs; a `since` judges named objects only.
-                    let state = Standing::Taken;
+                let (Some(Held::Push(taken, _)), None) = (&t.held, &t.unsettled) else {
+                    general.push((url, t));
+                    continue;
+                };
+                let ptr = Arc::as_ptr(&taken.resources) as usize;
+                let s = shared.entry(ptr).or_insert_with(|| {
+                    let index = SetIndex::of(&taken.resources, &wanted);
                     for (k, idx) in &index.by {
-                        let worst = mine.entry(k.clone()).or_insert(state);
-                        *worst = (*worst).min(state);
                         let g = by.entry(k.clone()).or_default();
-                        g.pushed(&url, &taken.version, pushed_at, 1);
                         for &i in idx {
                             let i = i as usize;
-                            let Some(r) = taken.resources.get(i) else {
+                            let (Some(r), Some(o)) = (
+                                taken.resources.get(i),
+                                objects_of(taken.resources.origins_of(i)).find(|o| key(o) == *k),
+                            ) else {
                                 continue;
                             };
-                            if let Some(o) =
-                                objects_of(taken.resources.origins_of(i)).find(|o| key(o) == *k)
-                            {
-                                g.saw(o, &url, &r.name);
-                            }
-                            if listing {
-                                continue;
-                            }
-                            let version = r.version.unwrap_or(&taken.version).to_string();
-                            let content = (version, r.digest, pushed_at);
-                            let entry = g.nodes.entry(id.clone());
-                            (entry.or_insert((is_connected, Vec::new())).1).push(Seen {
-                                type_url: url.clone(),
-                                name: r.name.into_owned(),
-                                runs: Some(content.clone()),
-                                pushed: Some(content),
-                                state: Standing::Taken,
-                                error: None,
-                            });
+                            g.saw(o, &url, &r.name);
                         }
                     }
+                    Shared {
+                        url: url.clone(),
+                        taken,
+                        index,
+                        nodes: 0,
+                        first: taken.pushed_at,
+                    }
+                });
+                s.nodes += 1;
+                s.first = s.first.min(taken.pushed_at);
+                if !s.index.by.is_empty() {
+                    uses.push(ptr);
+                }
+                if listing {
                     continue;
                 }
+                for (k, idx) in &s.index.by {
+                    let g = by.entry(k.clone()).or_default();
+                    for &i in idx {
+                        let Some(r) = taken.resources.get(i as usize) else {
+                            continue;
+                        };
+                        let version = r.version.unwrap_or(&taken.version).to_string();
+                        let content = (version, r.digest, taken.pushed_at);
+                        let entry = g.nodes.entry(id.clone());
+                        (entry.or_insert((is_connected, Vec::new())).1).push(Seen {
+                            type_url: url.clone(),
+                            name: r.name.into_owned(),
+                            runs: Some(content.clone()),
+                            pushed: Some(content),
+                            state: Standing::Taken,
+                            error: None,
+                        });
+                    }
+                }
+            }
+            if listing && general.is_empty() {
+                uses.sort_unstable();
+                let e = groups.entry(uses).or_default();
+                match is_connected {
+                    true => e.0 += 1,
+                    false => e.1 += 1,
+                }
+                continue;
+            }
+            // This node's worst standing per object over its types.
+            let mut mine: BTreeMap<Key, Standing> = BTreeMap::new();
+            for ptr in &uses {
+                for k in shared[ptr].index.by.keys() {
+                    mine.entry(k.clone()).or_insert(Standing::Taken);
+                }
+            }
+            for (url, t) in general {
                 for (k, seen) in node_type(&url, t, &wanted) {
                     let g = by.entry(k.clone()).or_default();
                     let mut pushes: Vec<(String, Timestamp)> = Vec::new();
@@ -344,9 +393,8 @@ impl StatusBoard {
                                 pushes.push((v.clone(), *at));
                             }
                         }
-                        let state = s.state;
-                        let worst = mine.entry(k.clone()).or_insert(state);
-                        *worst = (*worst).min(state);
+                        let worst = mine.entry(k.clone()).or_insert(s.state);
+                        *worst = (*worst).min(s.state);
                         if !listing {
                             let entry = g.nodes.entry(id.clone());
                             entry.or_insert((is_connected, Vec::new())).1.push(s);
@@ -364,20 +412,39 @@ impl StatusBoard {
                         true => state,
                         false => Standing::Disconnected,
                     };
-                    let g = by.entry(k).or_default();
-                    *g.counted.entry(state).or_default() += 1;
+                    *by.entry(k).or_default().counted.entry(state).or_default() += 1;
                 }
+            }
+        }
+        // Each group of nodes that run the same shared pushes: taken, each object once.
+        for (uses, (live, gone)) in groups {
+            let mut objects: BTreeSet<&Key> = BTreeSet::new();
+            for ptr in &uses {
+                objects.extend(shared[ptr].index.by.keys());
+            }
+            for k in objects {
+                *reached.entry(k.clone()).or_default() += live + gone;
+                let counted = &mut by.entry(k.clone()).or_default().counted;
+                *counted.entry(Standing::Taken).or_default() += live;
+                if gone > 0 {
+                    *counted.entry(Standing::Disconnected).or_default() += gone;
+                }
+            }
+        }
+        for s in shared.values() {
+            for k in s.index.by.keys() {
+                let g = by.entry(k.clone()).or_default();
+                g.pushed(&s.url, &s.taken.version, s.first, s.nodes);
             }
         }
         let mut objects: Vec<ObjectStatus> = Vec::new();
         let reach = |k: &Key| reached.get(k).copied().unwrap_or(0);
+        let first = &board.first_pushed;
         if listing {
-            let all: Vec<(Key, Gathered)> = by.drain().collect();
-            for (k, g) in all {
-                let first = &board.first_pushed;
+            for (k, g) in by.drain() {
                 objects.push(status(g, None, first, connected, reach(&k), String::new()));
             }
-            objects.sort_by(|a, b| b.nodes.cmp(&a.nodes).then(label(a).cmp(&label(b))));
+            objects.sort_by_cached_key(|o| (std::cmp::Reverse(o.nodes), label(o)));
         } else {
             for spec in ask {
                 let found = by.keys().find(|(kind, ns, name)| {
@@ -389,7 +456,6 @@ impl StatusBoard {
                 match found.cloned() {
                     Some(k) => {
                         let g = by.remove(&k).unwrap_or_default();
-                        let first = &board.first_pushed;
                         objects.push(status(g, since, first, connected, reach(&k), asked));
                     }
                     None => objects.push(ObjectStatus {

@@ -195,7 +195,7 @@ pub(super) struct One {
 
 /// A push as a node keeps it once it runs it: its resources (the fleet's one copy) and its
 /// version; not the push's own record (nonce, type, sizes), which would cost every node.
-pub(super) struct Taken {
+pub(crate) struct Taken {
     pub(super) resources: Arc<crate::xds::Resources>,
     pub(super) version: Box<str>,
     /// When the push went out.

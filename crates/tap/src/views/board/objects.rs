@@ -662,7 +662,10 @@ fn status(
                 if let (Standing::Taken, Some(t)) = (s.state, since) {
                     let pushed_since = s.pushed.as_ref().is_some_and(|p| p.2 >= t);
                     let new = first.new_since(&s.type_url, &s.name, t).next().is_some();
-                    if !pushed_since && !(changed && !new) {
+                    // Taken where pushed since, or where the object changed and left this
+                    // resource as it was.
+                    let taken = pushed_since || (changed && !new);
+                    if !taken {
                         s.state = Standing::NotPushed;
                     }
                 }

@@ -6,8 +6,6 @@
 //! filler bytes (`..._istio_metadata`): what reading it costs over bytes merely skipped, which is
 //! all a decoder that does not read it pays. Run: `cargo bench --bench decode`.
 
-use xdstap::xds::wire::istio_cluster_metadata;
-
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use xdstap::correlate::{Correlator, StreamContext};
 use xdstap::grpc::{encode, Deframed, Deframer};
@@ -17,50 +15,12 @@ use xdstap::xds::{Api, Interner, Message};
 
 use std::sync::Arc;
 
-/// A cluster of Istio's shape and size: a long name and ~500 bytes of settings, of which its
-/// metadata when `metadata`.
-fn cluster(i: usize, metadata: bool) -> Vec<u8> {
-    let mut c = Vec::new();
-    field(
-        &mut c,
-        1,
-        format!(
-            "outbound|8080||service-{i}.namespace-{}.svc.cluster.local",
-            i % 50
-        )
-        .as_bytes(),
-    );
-    field(&mut c, 4, &[8, 10]);
-    let mut filler = 480;
-    if metadata {
-        let m = istio_cluster_metadata(&format!("service-{i}"), &format!("namespace-{}", i % 50));
-        filler -= m.len();
-        c.extend(m);
-    }
-    field(&mut c, 33, &vec![0x5a; filler]);
-    let mut any = Vec::new();
-    field(
-        &mut any,
-        1,
-        b"type.googleapis.com/envoy.config.cluster.v3.Cluster",
-    );
-    field(&mut any, 2, &c);
-    any
-}
-
 fn push(metadata: bool) -> Vec<u8> {
-    let mut m = Vec::new();
-    field(&mut m, 1, b"2026-11-29T12:00:00Z/1042");
-    for i in 0..2000 {
-        field(&mut m, 2, &cluster(i, metadata));
-    }
-    field(
-        &mut m,
-        4,
-        b"type.googleapis.com/envoy.config.cluster.v3.Cluster",
-    );
-    field(&mut m, 5, b"1042-5f1d1c6e-8a3b-4c3e-9d0a-7b1f0e6c2a11");
-    encode(&m)
+    let version = "2026-11-29T12:00:00Z/1042";
+    let nonce = "1042-5f1d1c6e-8a3b-4c3e-9d0a-7b1f0e6c2a11";
+    encode(&xdstap_support::cds::push(
+        2000, version, nonce, metadata, false,
+    ))
 }
 
 fn ack() -> Vec<u8> {

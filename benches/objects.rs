@@ -12,71 +12,18 @@
 //!
 //! Run: `cargo bench --bench objects`. Under `cargo test` it runs a small smoke version.
 
-#![allow(unsafe_code)] // a counting global allocator
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
 use xdstap::correlate::{Correlator, StreamContext};
 use xdstap::views::board::{StatusBoard, StatusSettings};
 use xdstap::xds::scan::{MessageKind, Scanner};
-use xdstap::xds::wire::{bytes as field, istio_cluster_metadata};
 use xdstap::xds::{Api, Interner, Message, Node, Request, CLUSTER};
-
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size(), Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+use xdstap_support::alloc::{live, Counting};
+use xdstap_support::cds::push;
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
-
-/// A cluster of Istio's shape and size (a long name, ~500 bytes of settings), its metadata or
-/// as many filler bytes; `changed` gives it other content.
-fn cluster(i: usize, metadata: bool, changed: bool) -> Vec<u8> {
-    let mut c = Vec::new();
-    let name = format!(
-        "outbound|8080||service-{i}.namespace-{}.svc.cluster.local",
-        i % 50
-    );
-    field(&mut c, 1, name.as_bytes());
-    field(&mut c, 4, &[8, if changed { 11 } else { 10 }]);
-    let mut filler = 480;
-    if metadata {
-        let m = istio_cluster_metadata(&format!("service-{i}"), &format!("namespace-{}", i % 50));
-        filler -= m.len();
-        c.extend(m);
-    }
-    field(&mut c, 33, &vec![0x5a; filler]);
-    let mut any = Vec::new();
-    field(&mut any, 1, CLUSTER.as_bytes());
-    field(&mut any, 2, &c);
-    any
-}
-
-/// A CDS push of `clusters`, the first changed when `changed`.
-fn push(clusters: usize, version: &str, metadata: bool, changed: bool) -> Vec<u8> {
-    let mut m = Vec::new();
-    field(&mut m, 1, version.as_bytes());
-    for i in 0..clusters {
-        field(&mut m, 2, &cluster(i, metadata, changed && i == 0));
-    }
-    field(&mut m, 4, CLUSTER.as_bytes());
-    field(&mut m, 5, version.as_bytes());
-    m
-}
 
 /// `wire` decoded as the tap decodes a response: in 16 KiB pieces, with the fleet's interner.
 fn decode(wire: &[u8], interner: &Arc<Interner>) -> xdstap::xds::Response {
@@ -116,9 +63,9 @@ struct Measured {
 }
 
 fn run(streams: usize, clusters: usize, metadata: bool) -> Measured {
-    let v1 = push(clusters, "v1", metadata, false);
-    let v2 = push(clusters, "v2", metadata, true);
-    let base = LIVE.load(Ordering::Relaxed);
+    let v1 = push(clusters, "v1", "v1", metadata, false);
+    let v2 = push(clusters, "v2", "v2", metadata, true);
+    let base = live();
     let interner = Arc::new(Interner::default());
     let board = StatusBoard::new(StatusSettings::default());
     let mut streams_: Vec<Correlator> = (0..streams)
@@ -163,7 +110,7 @@ fn run(streams: usize, clusters: usize, metadata: bool) -> Measured {
         }
     }
     let push_us = started.elapsed().as_secs_f64() * 1e6 / streams as f64;
-    let held = LIVE.load(Ordering::Relaxed).saturating_sub(base);
+    let held = live().saturating_sub(base);
     let (mut one, mut listing) = (Vec::new(), Vec::new());
     let spec: xdstap::ObjectSpec = "destinationrule/namespace-0/service-0".parse().unwrap();
     let mut objects = 0;

@@ -6,33 +6,14 @@
 //! 10,000 hold at most 2 KiB each. Its own test binary, so that the allocator counts nothing
 //! else; the measurements take turns.
 
-#![allow(unsafe_code)] // a counting global allocator
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+
+use xdstap_support::alloc::{live, peak, reset_peak, Counting};
 
 use xdstap::correlate::{Context, Correlator, Event, Push, StreamContext, Verdict};
 use xdstap::views::board::{StatusBoard, StatusSettings};
 use xdstap::views::rollout::{RolloutSettings, Rollouts};
 use xdstap::xds::{Api, ErrorDetail, Interner, Node, Request, Resources, Response, CLUSTER};
-
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let live = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
-        PEAK.fetch_max(live, Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
@@ -66,8 +47,8 @@ fn fleet(kept: usize) -> (usize, usize, usize) {
             time: 0,
         })
         .collect();
-    let base = LIVE.load(Ordering::Relaxed);
-    PEAK.store(base, Ordering::Relaxed);
+    let base = live();
+    reset_peak();
     let view = Rollouts::new(RolloutSettings {
         versions: kept,
         ..Default::default()
@@ -125,8 +106,8 @@ fn fleet(kept: usize) -> (usize, usize, usize) {
             });
         }
     }
-    let held = LIVE.load(Ordering::Relaxed) - base;
-    let peak = PEAK.load(Ordering::Relaxed) - base;
+    let held = live() - base;
+    let peak = peak() - base;
     let report = view.report(VERSIONS as u64 * s, &Default::default());
     let newest = &report.rollouts[0];
     assert_eq!(report.rollouts.len(), kept);
@@ -186,7 +167,7 @@ fn a_fleet_nacking_the_same_push_in_part_holds_it_once() {
     const STREAMS: usize = 500;
     const CLUSTERS: usize = 2_000;
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
-    let base = LIVE.load(Ordering::Relaxed);
+    let base = live();
     let interner = Arc::new(Interner::default());
     let board = StatusBoard::new(StatusSettings::default());
     let message = "Error adding/updating cluster(s) bad: malformed IP address: not-an-ip";
@@ -227,7 +208,7 @@ fn a_fleet_nacking_the_same_push_in_part_holds_it_once() {
         }
         streams.push(c);
     }
-    let held = LIVE.load(Ordering::Relaxed) - base;
+    let held = live() - base;
     let per_node = held / STREAMS;
     println!(
         "{STREAMS} streams x {CLUSTERS} clusters, NACKed in part: correlators and board hold \
@@ -258,7 +239,7 @@ fn ten_thousand_disconnected_nodes_hold_little() {
     let board = StatusBoard::new(StatusSettings::default());
     let view = Rollouts::new(RolloutSettings::default());
     let push = cds("1", "n1", 100, false);
-    let base = LIVE.load(Ordering::Relaxed);
+    let base = live();
     let mut events = Vec::new();
     for i in 0..GONE {
         let context = StreamContext {
@@ -296,7 +277,7 @@ fn ten_thousand_disconnected_nodes_hold_little() {
             xdstap::queue::Sink::on_event(&mut view.clone(), &e);
         }
     }
-    let held = LIVE.load(Ordering::Relaxed) - base;
+    let held = live() - base;
     let per_node = held / GONE;
     println!(
         "{GONE} disconnected nodes: board, rollout view and ledger hold {:.1} MiB, {per_node} B \

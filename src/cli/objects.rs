@@ -33,7 +33,7 @@ pub async fn fetch(
     since: Option<String>,
 ) -> Result<ObjectReport, AskError> {
     let request = ObjectsRequest {
-        objects: objects.iter().map(spelled).collect(),
+        objects: objects.iter().map(|o| o.to_string()).collect(),
         since: since.unwrap_or_default(),
     };
     let answers = (taps.ask(move |mut tap| {
@@ -48,18 +48,6 @@ pub async fn fetch(
     .await;
     let (answers, answered) = fleet::split(answers)?;
     Ok(xdstap::fanin::objects(answers, answered))
-}
-
-/// `KIND/NS/NAME` as the request spells it.
-fn spelled(o: &xdstap::ObjectSpec) -> String {
-    let kind = match &o.group {
-        Some(g) => format!("{}.{g}", o.kind),
-        None => o.kind.clone(),
-    };
-    match o.namespace.is_empty() {
-        true => format!("{kind}/{}", o.name),
-        false => format!("{kind}/{}/{}", o.namespace, o.name),
-    }
 }
 
 /// Where an object stands for `wait`.

@@ -1,7 +1,9 @@
 //! The real-peer harness every test and bench links (a crate of its own, compiled once): a
 //! tonic test service, the tap started in-process or as the `xdstap` binary, certificates, a
 //! real Envoy, scripted ADS control planes, OTLP receivers, the benches' L4 relay.
+pub mod alloc;
 pub mod browser;
+pub mod cds;
 pub mod certs;
 pub mod control_plane;
 pub mod csds;

@@ -1069,35 +1069,11 @@ mod tests {
         assert_eq!(l(19 * S), (C::Acked, String::new()));
     }
 
-    /// A push of clusters `a` and `b` (by `version`, so each push differs), each made from the
-    /// DestinationRule of its name, as istiod's metadata says.
+    /// A push of clusters `a` and `b`, each made from the DestinationRule of its name, as
+    /// istiod's metadata says.
     fn with_objects(version: &str, nonce: &str) -> Response {
-        use crate::xds::origin::{Format, ObjectRef, Origins, Part, PartKind};
-        let mut r = resp(version, nonce, &[]);
-        r.resources = crate::xds::Resources::default();
-        for name in ["a", "b"] {
-            r.resources
-                .push_parts(name, None, version.len() as u64 * 10 + name.len() as u64);
-            r.resources.mark_origins(std::sync::Arc::new(Origins {
-                parts: vec![Part {
-                    kind: PartKind::Resource,
-                    name: "".into(),
-                    refs: Box::new([]),
-                    objects: vec![ObjectRef {
-                        kind: "DestinationRule".into(),
-                        group: "networking.istio.io".into(),
-                        namespace: "default".into(),
-                        name: name.into(),
-                        section: "".into(),
-                        format: Format::Istio,
-                        via: "".into(),
-                    }]
-                    .into(),
-                }]
-                .into(),
-            }));
-        }
-        r
+        let content = |name: &str| version.len() as u64 * 10 + name.len() as u64;
+        clusters(version, nonce, &[("a", content("a")), ("b", content("b"))])
     }
 
     /// An object is rejected since the first NACK that named it, not since the node's NACKs

@@ -138,6 +138,20 @@ impl std::str::FromStr for ObjectSpec {
     }
 }
 
+impl std::fmt::Display for ObjectSpec {
+    /// As it is asked for: `destinationrule/default/reviews`, the group after the kind when given.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.kind)?;
+        if let Some(g) = &self.group {
+            write!(f, ".{g}")?;
+        }
+        if !self.namespace.is_empty() {
+            write!(f, "/{}", self.namespace)?;
+        }
+        write!(f, "/{}", self.name)
+    }
+}
+
 impl ObjectSpec {
     /// Whether `o` is this object (any section of it).
     pub fn is(&self, o: &ObjectRef) -> bool {
@@ -452,7 +466,7 @@ impl StatusBoard {
                         && **ns == *spec.namespace
                         && **name == *spec.name
                 });
-                let asked = spec_text(spec);
+                let asked = spec.to_string();
                 match found.cloned() {
                     Some(k) => {
                         let g = by.remove(&k).unwrap_or_default();
@@ -474,17 +488,6 @@ impl StatusBoard {
             started_at: String::new(),
             connected,
         }
-    }
-}
-
-fn spec_text(s: &ObjectSpec) -> String {
-    let kind = match &s.group {
-        Some(g) => format!("{}.{g}", s.kind),
-        None => s.kind.clone(),
-    };
-    match s.namespace.is_empty() {
-        true => format!("{kind}/{}", s.name),
-        false => format!("{kind}/{}/{}", s.namespace, s.name),
     }
 }
 

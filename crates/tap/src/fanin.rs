@@ -21,7 +21,7 @@ use crate::api::csds::client_status_discovery_service_client::ClientStatusDiscov
 use crate::api::v1::rollout_node::Standing;
 use crate::api::v1::tap_client::TapClient;
 use crate::api::v1::{
-    NackGroup, NodeStatus, Rollout, RolloutNode, RolloutReport, StatusReport, TapAnswer,
+    NackGroup, NodeStatus, ObjectNode, Rollout, RolloutNode, RolloutReport, StatusReport, TapAnswer,
 };
 use crate::proxy::{AddressError, Endpoint};
 
@@ -535,7 +535,7 @@ pub fn objects(
     answers: Vec<(String, crate::api::v1::ObjectReport)>,
     taps: Vec<TapAnswer>,
 ) -> crate::api::v1::ObjectReport {
-    use crate::api::v1::{object_node::Standing, ObjectNode, ObjectReport, ObjectStatus};
+    use crate::api::v1::{ObjectReport, ObjectStatus};
     let mut merged = ObjectReport {
         taps,
         ..Default::default()
@@ -547,99 +547,106 @@ pub fn objects(
         merged.generated_at = merged.generated_at.max(report.generated_at);
         merged.started_at = merged.started_at.max(report.started_at);
         merged.connected += report.connected;
-        for mut o in report.objects {
+        for o in report.objects {
             let key = match (&o.asked, &o.object) {
                 (a, _) if !a.is_empty() => a.clone(),
                 (_, Some(object)) => object.label(),
                 _ => continue,
             };
-            let nodes = std::mem::take(&mut o.node_states);
             let e = by.entry(key.clone()).or_insert_with(|| {
                 order.push(key.clone());
-                (
-                    ObjectStatus {
-                        asked: o.asked.clone(),
-                        ..Default::default()
-                    },
-                    BTreeMap::new(),
-                )
-            });
-            let (m, seen) = e;
-            if m.object.is_none() {
-                m.object = o.object.clone();
-            }
-            for s in o.sections {
-                if !m.sections.contains(&s) {
-                    m.sections.push(s);
-                }
-            }
-            for r in o.resources {
-                if !m
-                    .resources
-                    .iter()
-                    .any(|x| x.type_url == r.type_url && x.name == r.name)
-                {
-                    m.resources.push(r);
-                }
-            }
-            m.resource_count = m
-                .resource_count
-                .max(o.resource_count)
-                .max(m.resources.len() as u64);
-            m.out_of_scope += o.out_of_scope;
-            m.last_pushed = m.last_pushed.clone().max(o.last_pushed);
-            for p in o.pushes {
-                match (m.pushes.iter_mut()).find(|x| x.r#type == p.r#type && x.version == p.version)
-                {
-                    Some(x) => {
-                        x.nodes += p.nodes;
-                        x.at = x.at.clone().min(p.at);
-                    }
-                    None => m.pushes.push(p),
-                }
-            }
-            if nodes.is_empty() {
-                // A listing: counts only.
-                m.nodes += o.nodes;
-                m.taken += o.taken;
-                m.pending += o.pending;
-                m.rejected += o.rejected;
-                m.not_pushed += o.not_pushed;
-                m.disconnected += o.disconnected;
-            }
-            for mut n in nodes {
-                n.tap = admin.clone();
-                let last = |n: &ObjectNode| n.resources.iter().map(|r| r.pushed_at.clone()).max();
-                let better = match seen.get(&n.node) {
-                    None => true,
-                    Some(s) => (n.connected, last(&n)) > (s.connected, last(s)),
+                let first = ObjectStatus {
+                    asked: o.asked.clone(),
+                    ..Default::default()
                 };
-                if better {
-                    seen.insert(n.node.clone(), n);
-                }
-            }
+                (first, BTreeMap::new())
+            });
+            merge_object(e, o, &admin);
         }
     }
     for key in order {
-        let Some((mut o, nodes)) = by.remove(&key) else {
-            continue;
-        };
-        if !nodes.is_empty() {
-            let count = |s: Standing| nodes.values().filter(|n| n.state() == s).count() as u64;
-            o.nodes = nodes.len() as u64;
-            o.taken = count(Standing::Taken);
-            o.pending = count(Standing::Pending);
-            o.rejected = count(Standing::Rejected);
-            o.not_pushed = count(Standing::NotPushed);
-            o.disconnected = count(Standing::Disconnected);
-            let mut all: Vec<ObjectNode> = nodes.into_values().collect();
-            all.sort_by(|a, b| a.state.cmp(&b.state).then(a.node.cmp(&b.node)));
-            o.node_states = all;
+        if let Some((o, nodes)) = by.remove(&key) {
+            merged.objects.push(recount(o, nodes));
         }
-        o.pushes.sort_by(|a, b| b.at.cmp(&a.at));
-        merged.objects.push(o);
     }
     merged
+}
+
+/// One tap's view `o` of an object into the merged one `m` (and its nodes, each kept from
+/// the tap it is connected to, else the one that pushed it last).
+fn merge_object(
+    (m, seen): &mut (crate::api::v1::ObjectStatus, BTreeMap<String, ObjectNode>),
+    mut o: crate::api::v1::ObjectStatus,
+    admin: &str,
+) {
+    let nodes = std::mem::take(&mut o.node_states);
+    if m.object.is_none() {
+        m.object = o.object.clone();
+    }
+    for s in o.sections {
+        if !m.sections.contains(&s) {
+            m.sections.push(s);
+        }
+    }
+    for r in o.resources {
+        if !(m.resources.iter()).any(|x| x.type_url == r.type_url && x.name == r.name) {
+            m.resources.push(r);
+        }
+    }
+    m.resource_count = (m.resource_count.max(o.resource_count)).max(m.resources.len() as u64);
+    m.out_of_scope += o.out_of_scope;
+    m.last_pushed = m.last_pushed.clone().max(o.last_pushed);
+    for p in o.pushes {
+        match (m.pushes.iter_mut()).find(|x| x.r#type == p.r#type && x.version == p.version) {
+            Some(x) => {
+                x.nodes += p.nodes;
+                x.at = x.at.clone().min(p.at);
+            }
+            None => m.pushes.push(p),
+        }
+    }
+    if nodes.is_empty() {
+        // A listing: counts only.
+        m.nodes += o.nodes;
+        m.taken += o.taken;
+        m.pending += o.pending;
+        m.rejected += o.rejected;
+        m.not_pushed += o.not_pushed;
+        m.disconnected += o.disconnected;
+    }
+    for mut n in nodes {
+        n.tap = admin.to_string();
+        let last = |n: &ObjectNode| n.resources.iter().map(|r| r.pushed_at.clone()).max();
+        let better = match seen.get(&n.node) {
+            None => true,
+            Some(s) => (n.connected, last(&n)) > (s.connected, last(s)),
+        };
+        if better {
+            seen.insert(n.node.clone(), n);
+        }
+    }
+}
+
+/// A merged object with its nodes, counted from them (a listing keeps its summed counts).
+fn recount(
+    mut o: crate::api::v1::ObjectStatus,
+    nodes: BTreeMap<String, ObjectNode>,
+) -> crate::api::v1::ObjectStatus {
+    use crate::api::v1::object_node::Standing;
+    if !nodes.is_empty() {
+        let count = |s: Standing| nodes.values().filter(|n| n.state() == s).count() as u64;
+        o.nodes = nodes.len() as u64;
+        o.taken = count(Standing::Taken);
+        o.pending = count(Standing::Pending);
+        o.rejected = count(Standing::Rejected);
+        o.not_pushed = count(Standing::NotPushed);
+        o.disconnected = count(Standing::Disconnected);
+        let mut all: Vec<ObjectNode> = nodes.into_values().collect();
+        all.sort_by(|a, b| a.state.cmp(&b.state).then(a.node.cmp(&b.node)));
+        o.node_states = all;
+    }
+    o.pushes.sort_by(|a, b| b.at.cmp(&a.at));
+    o
 }
 
 #[cfg(test)]

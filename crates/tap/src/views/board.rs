@@ -233,7 +233,7 @@ impl TypeEntry {
     }
 }
 
-struct NodeEntry {
+pub(super) struct NodeEntry {
     /// Shared with every node that names the same (few distinct in a mesh).
     cluster: Arc<str>,
     user_agent: Arc<str>,

@@ -292,6 +292,190 @@ struct Shared<'a> {
     first: Timestamp,
 }
 
+/// One question to the object view, as it goes over the nodes.
+struct Query<'a, 'b> {
+    wanted: Wanted<'b>,
+    listing: bool,
+    shared: HashMap<usize, Shared<'a>>,
+    by: HashMap<Key, Gathered>,
+    connected: u64,
+    reached: HashMap<Key, u64>,
+    /// Listing: nodes that run the same shared pushes in full, counted once per group.
+    groups: HashMap<Vec<usize>, (u64, u64)>,
+}
+
+impl<'a, 'b> Query<'a, 'b> {
+    /// A node's type that runs a shared push in full: its index (made, and its objects'
+    /// resources noted, the first time), and the pointer that stands for it.
+    fn shared(&mut self, url: &Arc<str>, taken: &'a super::resources::Taken) -> usize {
+        let ptr = Arc::as_ptr(&taken.resources) as usize;
+        let (by, wanted) = (&mut self.by, &self.wanted);
+        let s = self.shared.entry(ptr).or_insert_with(|| {
+            let index = SetIndex::of(&taken.resources, wanted);
+            for (k, idx) in &index.by {
+                let g = by.entry(k.clone()).or_default();
+                for &i in idx {
+                    let i = i as usize;
+                    let found = objects_of(taken.resources.origins_of(i)).find(|o| key(o) == *k);
+                    if let (Some(r), Some(o)) = (taken.resources.get(i), found) {
+                        g.saw(o, url, &r.name);
+                    }
+                }
+            }
+            Shared {
+                url: url.clone(),
+                taken,
+                index,
+                nodes: 0,
+                first: taken.pushed_at,
+            }
+        });
+        s.nodes += 1;
+        s.first = s.first.min(taken.pushed_at);
+        ptr
+    }
+
+    /// A named object's resources in a shared push a node runs in full: taken, each listed.
+    fn seen_shared(&mut self, id: &Arc<str>, is_connected: bool, ptr: usize) {
+        let s = &self.shared[&ptr];
+        let taken = s.taken;
+        for (k, idx) in &s.index.by {
+            let g = self.by.entry(k.clone()).or_default();
+            for &i in idx {
+                let Some(r) = taken.resources.get(i as usize) else {
+                    continue;
+                };
+                let version = r.version.unwrap_or(&taken.version).to_string();
+                let content = (version, r.digest, taken.pushed_at);
+                let entry = g.nodes.entry(id.clone());
+                (entry.or_insert((is_connected, Vec::new())).1).push(Seen {
+                    type_url: s.url.clone(),
+                    name: r.name.into_owned(),
+                    runs: Some(content.clone()),
+                    pushed: Some(content),
+                    state: Standing::Taken,
+                    error: None,
+                });
+            }
+        }
+    }
+
+    /// A node's type that does not run a shared push in full, into `mine` (the node's worst
+    /// standing per object).
+    fn general(
+        &mut self,
+        id: &Arc<str>,
+        is_connected: bool,
+        url: &Arc<str>,
+        t: &TypeEntry,
+        mine: &mut BTreeMap<Key, Standing>,
+    ) {
+        for (k, seen) in node_type(url, t, &self.wanted) {
+            let g = self.by.entry(k.clone()).or_default();
+            let mut pushes: Vec<(String, Timestamp)> = Vec::new();
+            for (o, s) in seen {
+                g.saw(&o, url, &s.name);
+                if let Some((v, _, at)) = &s.pushed {
+                    if !pushes.iter().any(|(pv, pa)| pv == v && pa == at) {
+                        pushes.push((v.clone(), *at));
+                    }
+                }
+                let worst = mine.entry(k.clone()).or_insert(s.state);
+                *worst = (*worst).min(s.state);
+                if !self.listing {
+                    let entry = g.nodes.entry(id.clone());
+                    entry.or_insert((is_connected, Vec::new())).1.push(s);
+                }
+            }
+            for (v, at) in pushes {
+                g.pushed(url, &v, at, 1);
+            }
+        }
+    }
+
+    /// One node, every type.
+    fn node(&mut self, id: &Arc<str>, n: &'a super::NodeEntry) {
+        let is_connected = !n.streams.is_empty();
+        self.connected += u64::from(is_connected);
+        let mut uses: Vec<usize> = Vec::new();
+        let mut general: Vec<(Arc<str>, &TypeEntry)> = Vec::new();
+        for (url, t) in n.types.iter() {
+            let url: Arc<str> = url.into();
+            let (Some(Held::Push(taken, _)), None) = (&t.held, &t.unsettled) else {
+                general.push((url, t));
+                continue;
+            };
+            let ptr = self.shared(&url, taken);
+            if self.shared[&ptr].index.by.is_empty() {
+                continue;
+            }
+            uses.push(ptr);
+            if !self.listing {
+                self.seen_shared(id, is_connected, ptr);
+            }
+        }
+        if self.listing && general.is_empty() {
+            uses.sort_unstable();
+            let e = self.groups.entry(uses).or_default();
+            match is_connected {
+                true => e.0 += 1,
+                false => e.1 += 1,
+            }
+            return;
+        }
+        let mut mine: BTreeMap<Key, Standing> = BTreeMap::new();
+        for ptr in &uses {
+            for k in self.shared[ptr].index.by.keys() {
+                mine.entry(k.clone()).or_insert(Standing::Taken);
+            }
+        }
+        for (url, t) in general {
+            self.general(id, is_connected, &url, t, &mut mine);
+        }
+        for (k, state) in mine {
+            *self.reached.entry(k.clone()).or_default() += 1;
+            if self.listing {
+                let state = match is_connected {
+                    true => state,
+                    false => Standing::Disconnected,
+                };
+                *self
+                    .by
+                    .entry(k)
+                    .or_default()
+                    .counted
+                    .entry(state)
+                    .or_default() += 1;
+            }
+        }
+    }
+
+    /// The groups of nodes that run the same shared pushes (taken, each object once), and the
+    /// shared pushes' counts.
+    fn settle(&mut self) {
+        for (uses, (live, gone)) in std::mem::take(&mut self.groups) {
+            let mut objects: BTreeSet<&Key> = BTreeSet::new();
+            for ptr in &uses {
+                objects.extend(self.shared[ptr].index.by.keys());
+            }
+            for k in objects {
+                *self.reached.entry(k.clone()).or_default() += live + gone;
+                let counted = &mut self.by.entry(k.clone()).or_default().counted;
+                *counted.entry(Standing::Taken).or_default() += live;
+                if gone > 0 {
+                    *counted.entry(Standing::Disconnected).or_default() += gone;
+                }
+            }
+        }
+        for s in self.shared.values() {
+            for k in s.index.by.keys() {
+                let g = self.by.entry(k.clone()).or_default();
+                g.pushed(&s.url, &s.taken.version, s.first, s.nodes);
+            }
+        }
+    }
+}
+
 impl StatusBoard {
     /// The objects `ask` names, each with every node it reaches, or every object, counted,
     /// without nodes; `since` judges what counts as taken. As of `now`.
@@ -307,178 +491,50 @@ impl StatusBoard {
     ) -> ObjectReport {
         let board = self.lock();
         let listing = ask.is_empty();
-        let wanted = match listing {
-            true => Wanted::All,
-            false => Wanted::Some(ask),
+        let mut q = Query {
+            wanted: match listing {
+                true => Wanted::All,
+                false => Wanted::Some(ask),
+            },
+            listing,
+            shared: HashMap::new(),
+            by: HashMap::new(),
+            connected: 0,
+            reached: HashMap::new(),
+            groups: HashMap::new(),
         };
-        let mut shared: HashMap<usize, Shared<'_>> = HashMap::new();
-        let mut by: HashMap<Key, Gathered> = HashMap::new();
-        let mut connected = 0u64;
-        let mut reached: HashMap<Key, u64> = HashMap::new();
-        // Listing: nodes that run the same shared pushes in full, counted once per group.
-        let mut groups: HashMap<Vec<usize>, (u64, u64)> = HashMap::new();
         for (id, n) in board.nodes.iter() {
-            let is_connected = !n.streams.is_empty();
-            connected += u64::from(is_connected);
-            let mut uses: Vec<usize> = Vec::new();
-            let mut general: Vec<(Arc<str>, &TypeEntry)> = Vec::new();
-            for (url, t) in n.types.iter() {
-                let url: Arc<str> = url.into();
-                let (Some(Held::Push(taken, _)), None) = (&t.held, &t.unsettled) else {
-                    general.push((url, t));
-                    continue;
-                };
-                let ptr = Arc::as_ptr(&taken.resources) as usize;
-                let s = shared.entry(ptr).or_insert_with(|| {
-                    let index = SetIndex::of(&taken.resources, &wanted);
-                    for (k, idx) in &index.by {
-                        let g = by.entry(k.clone()).or_default();
-                        for &i in idx {
-                            let i = i as usize;
-                            let (Some(r), Some(o)) = (
-                                taken.resources.get(i),
-                                objects_of(taken.resources.origins_of(i)).find(|o| key(o) == *k),
-                            ) else {
-                                continue;
-                            };
-                            g.saw(o, &url, &r.name);
-                        }
-                    }
-                    Shared {
-                        url: url.clone(),
-                        taken,
-                        index,
-                        nodes: 0,
-                        first: taken.pushed_at,
-                    }
-                });
-                s.nodes += 1;
-                s.first = s.first.min(taken.pushed_at);
-                if !s.index.by.is_empty() {
-                    uses.push(ptr);
-                }
-                if listing {
-                    continue;
-                }
-                for (k, idx) in &s.index.by {
-                    let g = by.entry(k.clone()).or_default();
-                    for &i in idx {
-                        let Some(r) = taken.resources.get(i as usize) else {
-                            continue;
-                        };
-                        let version = r.version.unwrap_or(&taken.version).to_string();
-                        let content = (version, r.digest, taken.pushed_at);
-                        let entry = g.nodes.entry(id.clone());
-                        (entry.or_insert((is_connected, Vec::new())).1).push(Seen {
-                            type_url: url.clone(),
-                            name: r.name.into_owned(),
-                            runs: Some(content.clone()),
-                            pushed: Some(content),
-                            state: Standing::Taken,
-                            error: None,
-                        });
-                    }
-                }
-            }
-            if listing && general.is_empty() {
-                uses.sort_unstable();
-                let e = groups.entry(uses).or_default();
-                match is_connected {
-                    true => e.0 += 1,
-                    false => e.1 += 1,
-                }
-                continue;
-            }
-            // This node's worst standing per object over its types.
-            let mut mine: BTreeMap<Key, Standing> = BTreeMap::new();
-            for ptr in &uses {
-                for k in shared[ptr].index.by.keys() {
-                    mine.entry(k.clone()).or_insert(Standing::Taken);
-                }
-            }
-            for (url, t) in general {
-                for (k, seen) in node_type(&url, t, &wanted) {
-                    let g = by.entry(k.clone()).or_default();
-                    let mut pushes: Vec<(String, Timestamp)> = Vec::new();
-                    for (o, s) in seen {
-                        g.saw(&o, &url, &s.name);
-                        if let Some((v, _, at)) = &s.pushed {
-                            if !pushes.iter().any(|(pv, pa)| pv == v && pa == at) {
-                                pushes.push((v.clone(), *at));
-                            }
-                        }
-                        let worst = mine.entry(k.clone()).or_insert(s.state);
-                        *worst = (*worst).min(s.state);
-                        if !listing {
-                            let entry = g.nodes.entry(id.clone());
-                            entry.or_insert((is_connected, Vec::new())).1.push(s);
-                        }
-                    }
-                    for (v, at) in pushes {
-                        g.pushed(&url, &v, at, 1);
-                    }
-                }
-            }
-            for (k, state) in mine {
-                *reached.entry(k.clone()).or_default() += 1;
-                if listing {
-                    let state = match is_connected {
-                        true => state,
-                        false => Standing::Disconnected,
-                    };
-                    *by.entry(k).or_default().counted.entry(state).or_default() += 1;
-                }
-            }
+            q.node(id, n);
         }
-        // Each group of nodes that run the same shared pushes: taken, each object once.
-        for (uses, (live, gone)) in groups {
-            let mut objects: BTreeSet<&Key> = BTreeSet::new();
-            for ptr in &uses {
-                objects.extend(shared[ptr].index.by.keys());
-            }
-            for k in objects {
-                *reached.entry(k.clone()).or_default() += live + gone;
-                let counted = &mut by.entry(k.clone()).or_default().counted;
-                *counted.entry(Standing::Taken).or_default() += live;
-                if gone > 0 {
-                    *counted.entry(Standing::Disconnected).or_default() += gone;
-                }
-            }
-        }
-        for s in shared.values() {
-            for k in s.index.by.keys() {
-                let g = by.entry(k.clone()).or_default();
-                g.pushed(&s.url, &s.taken.version, s.first, s.nodes);
-            }
-        }
-        let mut objects: Vec<ObjectStatus> = Vec::new();
+        q.settle();
+        let (connected, reached, mut by) = (q.connected, q.reached, q.by);
         let reach = |k: &Key| reached.get(k).copied().unwrap_or(0);
         let first = &board.first_pushed;
+        let mut objects: Vec<ObjectStatus> = Vec::new();
         if listing {
             for (k, g) in by.drain() {
                 objects.push(status(g, None, first, connected, reach(&k), String::new()));
             }
             objects.sort_by_cached_key(|o| (std::cmp::Reverse(o.nodes), label(o)));
-        } else {
-            for spec in ask {
-                let found = by.keys().find(|(kind, ns, name)| {
-                    kind.eq_ignore_ascii_case(&spec.kind)
-                        && **ns == *spec.namespace
-                        && **name == *spec.name
-                });
-                let asked = spec.to_string();
-                match found.cloned() {
-                    Some(k) => {
-                        let g = by.remove(&k).unwrap_or_default();
-                        objects.push(status(g, since, first, connected, reach(&k), asked));
-                    }
-                    None => objects.push(ObjectStatus {
-                        asked,
-                        out_of_scope: connected,
-                        ..Default::default()
-                    }),
+        }
+        for spec in ask {
+            let found = by.keys().find(|(kind, ns, name)| {
+                kind.eq_ignore_ascii_case(&spec.kind)
+                    && **ns == *spec.namespace
+                    && **name == *spec.name
+            });
+            let asked = spec.to_string();
+            objects.push(match found.cloned() {
+                Some(k) => {
+                    let g = by.remove(&k).unwrap_or_default();
+                    status(g, since, first, connected, reach(&k), asked)
                 }
-            }
+                None => ObjectStatus {
+                    asked,
+                    out_of_scope: connected,
+                    ..Default::default()
+                },
+            });
         }
         ObjectReport {
             generated_at: rfc3339(now),

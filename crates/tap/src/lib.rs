@@ -15,8 +15,8 @@
 //! - `record`: one verdict as one flat record, built once on the sinks' thread for every
 //!   output and view that reads it.
 //! - `queue`: the bounded event queue and the sinks' thread that drains it.
-//! - `views`: what the tap keeps to be asked: the status board, the rollout view, the
-//!   watchers, and the trace each verdict's span is in.
+//! - `views`: what the tap keeps to be asked: the status board (and the object view it
+//!   answers), the rollout view, the watchers, and the trace each verdict's span is in.
 //! - `outputs`: what the tap writes for others: log lines, the JSON-lines event log, OTLP
 //!   spans, Prometheus metrics.
 //! - [`api`]: the gRPC code generated from `proto/` (the tap's own API, CSDS), and the one

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use super::client::{block_on, AskError, Exit};
 use super::fleet::{self, Fleet};
+use super::wait::Outcome;
 use super::{table, Output, RolloutArgs, WaitArgs, EX_PARTIAL};
 use xdstap::api::v1::object_node::Standing;
 use xdstap::api::v1::{ObjectNode, ObjectReport, ObjectStatus, ObjectsRequest};
@@ -50,24 +51,13 @@ pub async fn fetch(
     Ok(xdstap::fanin::objects(answers, answered))
 }
 
-/// Where an object stands for `wait`.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// Every node it reaches runs what was pushed for it.
-    Taken,
-    /// Some node rejected a resource made from it.
-    Rejected,
-    /// Not yet: a node has not answered or was not pushed since, or no node receives it.
-    Waiting,
-}
-
-/// The verdict on one object.
+/// The verdict on one object: accepted once taken by every node it reaches (and one at least).
 pub fn outcome(o: &ObjectStatus) -> Outcome {
     if o.rejected > 0 {
         return Outcome::Rejected;
     }
     match o.taken > 0 && o.pending == 0 && o.not_pushed == 0 {
-        true => Outcome::Taken,
+        true => Outcome::Accepted,
         false => Outcome::Waiting,
     }
 }
@@ -255,7 +245,7 @@ pub async fn wait(args: &WaitArgs, taps: &mut Fleet, started: Instant) -> ExitCo
             summarize(&report, since.as_deref());
             return ExitCode::from(1);
         }
-        let all_taken = outcomes.iter().all(|o| *o == Outcome::Taken);
+        let all_taken = outcomes.iter().all(|o| *o == Outcome::Accepted);
         if all_taken && !partial {
             summarize(&report, since.as_deref());
             return ExitCode::SUCCESS;
@@ -353,7 +343,7 @@ mod tests {
             Outcome::Waiting,
             "nothing reaches a node yet"
         );
-        assert_eq!(outcome(&object(2, 0, 0, 0)), Outcome::Taken);
+        assert_eq!(outcome(&object(2, 0, 0, 0)), Outcome::Accepted);
         assert_eq!(outcome(&object(1, 1, 0, 0)), Outcome::Waiting);
         assert_eq!(
             outcome(&object(1, 0, 0, 1)),
@@ -365,6 +355,6 @@ mod tests {
             disconnected: 1,
             ..object(1, 0, 0, 0)
         };
-        assert_eq!(outcome(&disconnected), Outcome::Taken, "not waited for");
+        assert_eq!(outcome(&disconnected), Outcome::Accepted, "not waited for");
     }
 }

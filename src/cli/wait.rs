@@ -24,10 +24,11 @@ use xdstap::api::v1::Rollout;
 /// How often the taps are asked.
 const POLL: Duration = Duration::from_millis(100);
 
-/// Where a rollout stands for `wait`.
+/// Where a rollout, or an object, stands for `wait`.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Outcome {
-    /// Every node pushed it accepted it or moved on; nothing more expected.
+    /// Every node pushed the version accepted it or moved on; every node an object reaches
+    /// took it. Nothing more expected.
     Accepted,
     /// Some node rejected it.
     Rejected,

@@ -528,7 +528,7 @@ fn explain_object(stage: &Stage, since: u64) -> bool {
     let Some(o) = report.objects.first() else {
         return false;
     };
-    let taken = crate::cli::objects::outcome(o) == crate::cli::objects::Outcome::Taken;
+    let taken = crate::cli::objects::outcome(o) == crate::cli::wait::Outcome::Accepted;
     stage.printer.say(&format!(
         "           $ xdstap wait --object {spec} --since {}\n           {}: {}\n           -> \
          every proxy that receives what the DestinationRule makes runs what was pushed since \

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use xdstap::grpc::{Deframer, Deframed};
+use xdstap::grpc::{Deframed, Deframer};
 
 #[derive(Debug, PartialEq)]
 enum Seen {

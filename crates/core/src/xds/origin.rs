@@ -259,32 +259,32 @@ impl Changed {
         if !old.has_origins() && !new.has_origins() {
             return out;
         }
-        let mut old_by_name: Option<std::collections::HashMap<String, (u64, usize)>> = None;
-        let mut seen_new = std::collections::HashSet::new();
-        for i in 0..new.len() {
-            let (Some((d, _)), Some(r)) = (new.digest_at(i), new.get(i)) else {
-                continue;
-            };
-            if old.digest_at(i).map(|o| o.0) == Some(d) {
-                seen_new.insert(r.name.into_owned());
-                continue;
-            }
-            let by = old_by_name.get_or_insert_with(|| {
-                (0..old.len())
-                    .filter_map(|j| Some((old.get(j)?.name.into_owned(), (old.digest_at(j)?.0, j))))
-                    .collect()
-            });
-            let same = by.get(&*r.name).is_some_and(|(od, _)| *od == d);
-            let name = r.name.into_owned();
-            if !same {
+        let digest = |r: &crate::xds::Resources, i: usize| r.digest_at(i).map(|d| d.0);
+        // Where the two differ by place: only those resources' names are read.
+        let moved: Vec<usize> = (0..new.len())
+            .filter(|&i| digest(old, i) != digest(new, i))
+            .collect();
+        let all_in_place = moved.is_empty() && old.len() <= new.len();
+        if all_in_place {
+            // Every resource of `old` stands unchanged at its place in `new`: nothing removed.
+            return out;
+        }
+        let names = |r: &crate::xds::Resources| -> std::collections::HashMap<String, u64> {
+            (0..r.len())
+                .filter_map(|j| Some((r.get(j)?.name.into_owned(), digest(r, j)?)))
+                .collect()
+        };
+        let (before, after) = (names(old), names(new));
+        for i in moved {
+            let Some(r) = new.get(i) else { continue };
+            if before.get(&*r.name) != digest(new, i).as_ref() {
                 out.add(new.origins_of(i));
             }
-            seen_new.insert(name);
         }
         // What `new` leaves out of `old` (SotW): removed.
         for j in 0..old.len() {
             let Some(r) = old.get(j) else { continue };
-            if !seen_new.contains(&*r.name) {
+            if !after.contains_key(&*r.name) {
                 out.add(old.origins_of(j));
             }
         }
@@ -660,9 +660,7 @@ impl Reader {
     /// The `Metadata` message ends: the objects it names go to the part it belongs to (the
     /// resource itself when no part is open).
     pub(crate) fn meta_end(&mut self) {
-        let fields = std::mem::take(&mut self.meta.fields);
-        let objects = objects_of(&fields);
-        self.meta.fields = fields;
+        let objects = objects_of(&self.meta.fields);
         self.meta.fields.clear();
         if objects.is_empty() {
             return;
@@ -676,7 +674,7 @@ impl Reader {
             None => {
                 let mut d = Draft::new(PartKind::Resource);
                 if objects.len() > MAX_OBJECTS {
-                    self.cut = self.cut.saturating_add(1);
+                    self.cut();
                 }
                 d.objects = objects;
                 d.objects.truncate(MAX_OBJECTS);

@@ -365,3 +365,77 @@ fn a_generated_destination_rule_names_what_its_policies_target() {
         );
     }
 }
+
+/// The objects a push changes against the last: those of the clusters it adds, changes by
+/// content or leaves out; none for a push that repeats the last.
+#[test]
+fn a_push_changes_the_objects_of_what_it_adds_changes_or_removes() {
+    let dr = |name: &str| {
+        let path =
+            format!("/apis/networking.istio.io/v1/namespaces/default/destination-rule/{name}");
+        metadata(&[istio(&path)])
+    };
+    let set = |clusters: &[(&str, &str)]| {
+        let resources: Vec<Vec<u8>> = (clusters.iter())
+            .map(|(name, port)| {
+                let mut c = cluster(name, &dr(name));
+                // Other content, the same metadata.
+                field(&mut c, 2, port.as_bytes());
+                c
+            })
+            .collect();
+        let mut msg = Vec::new();
+        for r in &resources {
+            let mut any = Vec::new();
+            field(&mut any, 1, CLUSTER.as_bytes());
+            field(&mut any, 2, r);
+            field(&mut msg, 2, &any);
+        }
+        let mut scanner = Scanner::new(MessageKind::Response(Api::Sotw), Some(msg.len() as u64));
+        scanner.feed(&msg);
+        match scanner.finish() {
+            Ok(Message::Response(r)) => r.resources,
+            _ => panic!("the response scans"),
+        }
+    };
+    let names =
+        |c: Changed| -> Vec<String> { c.objects.iter().map(|o| o.name.to_string()).collect() };
+    let v1 = set(&[("a", "1"), ("b", "1"), ("c", "1")]);
+    assert_eq!(
+        names(Changed::between(
+            &v1,
+            &set(&[("a", "1"), ("b", "1"), ("c", "1")])
+        )),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        names(Changed::between(
+            &v1,
+            &set(&[("a", "1"), ("b", "2"), ("c", "1")])
+        )),
+        ["b"]
+    );
+    assert_eq!(
+        names(Changed::between(
+            &v1,
+            &set(&[("a", "1"), ("b", "1"), ("c", "1"), ("d", "1")])
+        )),
+        ["d"]
+    );
+    assert_eq!(
+        names(Changed::between(&v1, &set(&[("a", "1"), ("c", "1")]))),
+        ["b"]
+    );
+    assert_eq!(
+        names(Changed::between(&v1, &set(&[("a", "1"), ("b", "1")]))),
+        ["c"]
+    );
+    // Reordered, the same content: nothing changed.
+    assert_eq!(
+        names(Changed::between(
+            &v1,
+            &set(&[("c", "1"), ("a", "1"), ("b", "1")])
+        )),
+        Vec::<String>::new()
+    );
+}

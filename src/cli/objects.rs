@@ -19,10 +19,9 @@ use std::time::{Duration, Instant};
 use super::client::{block_on, AskError, Exit};
 use super::fleet::{self, Fleet};
 use super::wait::Outcome;
-use super::{table, Output, RolloutArgs, WaitArgs, EX_PARTIAL};
+use super::{table, RolloutArgs, WaitArgs, EX_PARTIAL};
 use xdstap::api::v1::object_node::Standing;
 use xdstap::api::v1::{ObjectNode, ObjectReport, ObjectStatus, ObjectsRequest};
-use xdstap_core::xds::printable;
 
 /// How often `wait` asks the taps.
 const POLL: Duration = Duration::from_millis(100);
@@ -78,18 +77,11 @@ async fn rollout(args: &RolloutArgs, object: &xdstap::ObjectSpec) -> ExitCode {
         Err(e) => return e.exit("rollout"),
     };
     let partial = fleet::warn_partial("rollout", &report.taps);
-    match args.output {
-        Output::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&report).unwrap_or_default()
-        ),
-        o => {
-            for s in &report.objects {
-                print!("{}", render(s, o == Output::Wide));
-            }
-            print!("{}", fleet::missing_lines(&report.taps));
-        }
-    }
+    args.output.print(&report, |report, wide| {
+        let mut out: String = report.objects.iter().map(|s| render(s, wide)).collect();
+        out.push_str(&fleet::missing_lines(&report.taps));
+        out
+    });
     let rejected = report.objects.iter().any(|o| o.rejected > 0);
     fleet::exit(rejected, partial)
 }
@@ -97,8 +89,8 @@ async fn rollout(args: &RolloutArgs, object: &xdstap::ObjectSpec) -> ExitCode {
 /// The object's name as lines show it.
 fn name(o: &ObjectStatus) -> String {
     match &o.object {
-        Some(object) => printable(&object.label()).into_owned(),
-        None => printable(&o.asked).into_owned(),
+        Some(object) => object.label(),
+        None => o.asked.clone(),
     }
 }
 
@@ -107,11 +99,11 @@ fn name(o: &ObjectStatus) -> String {
 pub fn render(o: &ObjectStatus, wide: bool) -> String {
     let mut out = format!("{}: {}\n", name(o), counts(o));
     if let Some(object) = &o.object {
-        out.push_str(&format!("  {}\n", printable(object.command())));
+        out.push_str(&format!("  {}\n", object.command()));
     }
     if o.resource_count > 0 {
         let shown: Vec<String> = (o.resources.iter())
-            .map(|r| format!("{} {}", r.r#type, printable(&r.name)))
+            .map(|r| format!("{} {}", r.r#type, &r.name))
             .collect();
         let more = o.resource_count.saturating_sub(shown.len() as u64);
         out.push_str(&format!(
@@ -127,7 +119,7 @@ pub fn render(o: &ObjectStatus, wide: bool) -> String {
         out.push_str(&format!(
             "  pushed: {} {} at {} ({} node{})\n",
             p.r#type,
-            printable(&p.version),
+            &p.version,
             p.at,
             p.nodes,
             if p.nodes == 1 { "" } else { "s" }
@@ -144,12 +136,12 @@ pub fn render(o: &ObjectStatus, wide: bool) -> String {
         for r in &n.resources {
             let content = |v: &str, d: &str| match d.is_empty() {
                 true => "-".to_string(),
-                false => format!("{} {}", printable(v), &d[..8.min(d.len())]),
+                false => format!("{v} {}", d.chars().take(8).collect::<String>()),
             };
             rows.push(vec![
-                printable(&n.node).into_owned(),
+                n.node.clone(),
                 label(n.state()).to_string(),
-                format!("{} {}", r.r#type, printable(&r.name)),
+                format!("{} {}", r.r#type, &r.name),
                 content(&r.version, &r.digest),
                 content(&r.pushed_version, &r.pushed_digest),
                 match &r.error {
@@ -216,7 +208,8 @@ pub async fn wait(args: &WaitArgs, taps: &mut Fleet, started: Instant) -> ExitCo
     let since = args.since.map(|s| s.rfc3339(xdstap::now()));
     loop {
         let report = match fetch(taps, &args.object, since.clone()).await {
-            Ok(r) => r,
+            // Every string from the taps printable: no control character reaches the terminal.
+            Ok(r) => super::printable_copy(&r),
             Err(e) => return e.exit("wait"),
         };
         let partial = fleet::is_partial(&report.taps);
@@ -232,10 +225,10 @@ pub async fn wait(args: &WaitArgs, taps: &mut Fleet, started: Instant) -> ExitCo
                     {
                         println!(
                             "{} rejected {} {} (pushed {} at {}): {}",
-                            printable(&n.node),
+                            &n.node,
                             r.r#type,
-                            printable(&r.name),
-                            printable(&r.pushed_version),
+                            &r.name,
+                            &r.pushed_version,
                             r.pushed_at,
                             super::status::one_line(r.error.as_deref().unwrap_or(""), true)
                         );
@@ -281,28 +274,22 @@ fn behind(n: &ObjectNode, since: Option<&str>) -> String {
     let why: Vec<String> = (n.resources.iter())
         .filter(|r| r.state() != Standing::Taken)
         .map(|r| {
-            let what = format!("{} {}", r.r#type, printable(&r.name));
+            let what = format!("{} {}", r.r#type, &r.name);
             match r.state() {
                 Standing::Pending => format!(
                     "{what} pushed {} at {}, not answered",
-                    printable(&r.pushed_version),
-                    r.pushed_at
+                    &r.pushed_version, r.pushed_at
                 ),
                 _ => format!(
                     "{what} runs {} pushed at {}, not pushed since {}",
-                    printable(&r.version),
+                    &r.version,
                     r.pushed_at,
                     since.unwrap_or("-")
                 ),
             }
         })
         .collect();
-    format!(
-        "{} {}: {}",
-        printable(&n.node),
-        label(n.state()),
-        why.join("; ")
-    )
+    format!("{} {}: {}", &n.node, label(n.state()), why.join("; "))
 }
 
 /// Each object's line, and what the taps could not see.

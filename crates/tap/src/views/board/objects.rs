@@ -267,9 +267,9 @@ impl Gathered {
         if !o.section.is_empty() && self.sections.len() < NAMES_CAP {
             self.sections.insert(o.section.to_string());
         }
-        if self.resources.len() < 10 * NAMES_CAP {
-            self.resources.insert((type_url.clone(), name.to_string()));
-        }
+        // Every one, for the exact count and for `since` (what the view holds while it answers
+        // is bounded by the resources the board holds).
+        self.resources.insert((type_url.clone(), name.to_string()));
     }
 
     fn pushed(&mut self, type_url: &Arc<str>, version: &str, at: Timestamp, nodes: u64) {

@@ -219,6 +219,7 @@ fn bench(c: &mut Criterion) {
         let options = PipelineOptions {
             queue_capacity: 16_384,
             decode_limit: xdstap::config::DEFAULT_DECODE_LIMIT,
+            observe_backlog: xdstap::config::DEFAULT_OBSERVE_BACKLOG,
         };
         let pipeline = Pipeline::start(options, stats.clone(), Vec::new()).unwrap();
         let tap_decode = start_tap(&direct, pipeline.observer()).await;

@@ -5,8 +5,9 @@
 //!
 //! - `push`: 1,000 ADS streams, one connection each (as 1,000 proxies), each pushed the same
 //!   2,000-cluster CDS (Istio-like names, 100-byte clusters) as it opens, and answering it;
-//!   then a second version, changing every cluster, pushed to all at once. The tap's RSS over
-//!   idle per stream: at the peak of the storm (sampled every 10 ms) and 30 s after.
+//!   then a second version, changing every cluster, pushed to all at once. The clients run in
+//!   a process of their own (this one, started again), reading at their own pace. The tap's
+//!   RSS over idle per stream: at the peak of the storm (sampled every 10 ms) and 30 s after.
 //! - `gone`: 10,000 streams (100 per connection), each a node of its own, pushed a 100-cluster
 //!   CDS and answering it, then all gone: the tap's RSS over idle per disconnected node (the
 //!   status view keeps them for `forget_after`, 10 minutes by default).
@@ -284,6 +285,8 @@ impl Stream {
         let mut prefix = Vec::with_capacity(5);
         let mut want = usize::MAX;
         let mut got = 0usize;
+        // The message's last bytes: its nonce (field 5, last) is among them.
+        let mut tail = Vec::new();
         while got < want {
             let chunk = self.recv.data().await?.ok()?;
             let _ = self.recv.flow_control().release_capacity(chunk.len());
@@ -298,10 +301,16 @@ impl Stream {
                 }
             }
             got += rest.len();
+            tail.extend_from_slice(&rest[rest.len().saturating_sub(32)..]);
+            tail.drain(..tail.len().saturating_sub(32));
         }
-        // The nonce is not read back: the control plane counts answers, not which.
+        // The answer names the push's nonce, as a proxy's does, so the tap can pair them.
+        let nonce = (0..tail.len().saturating_sub(2))
+            .find(|&p| tail[p] == 0x2a && tail[p + 1] as usize == tail.len() - p - 2)
+            .and_then(|p| std::str::from_utf8(&tail[p + 2..]).ok()?.parse().ok())
+            .unwrap_or(0);
         self.send
-            .send_data(request(&self.node, version, Some(0)), false)
+            .send_data(request(&self.node, version, Some(nonce)), false)
             .ok()
     }
 }
@@ -310,6 +319,8 @@ impl Stream {
 struct Tap {
     child: Option<Child>,
     addr: String,
+    /// The tap's event log (a tap's only), removed with the tap.
+    log: Option<PathBuf>,
 }
 
 impl Tap {
@@ -318,6 +329,7 @@ impl Tap {
             return Tap {
                 child: None,
                 addr: upstream.into(),
+                log: None,
             };
         }
         if name == "l4-relay" {
@@ -342,6 +354,7 @@ impl Tap {
             return Tap {
                 child: Some(child),
                 addr,
+                log: None,
             };
         }
         let bin = match name {
@@ -353,6 +366,12 @@ impl Tap {
             l.local_addr().unwrap().to_string()
         };
         let (addr, admin) = (free(), free());
+        static LOGS: AtomicUsize = AtomicUsize::new(0);
+        let log = std::env::temp_dir().join(format!(
+            "xdstap-storm-{}-{}.jsonl",
+            std::process::id(),
+            LOGS.fetch_add(1, Ordering::Relaxed)
+        ));
         // STORM_TAP_WRAP="heaptrack -o FILE" (or "env MALLOC_ARENA_MAX=1") runs the tap under
         // that command; a profiler's RSS figures are void.
         let wrap = std::env::var("STORM_TAP_WRAP").unwrap_or_default();
@@ -375,6 +394,8 @@ impl Tap {
                 "--admin",
                 &admin,
             ])
+            .arg("--event-log")
+            .arg(&log)
             .args(["--log-level", "error"])
             // STORM_TAP_ARGS adds flags, e.g. "--event-queue 1024".
             .args(
@@ -394,6 +415,29 @@ impl Tap {
         Tap {
             child: Some(child),
             addr,
+            log: Some(log),
+        }
+    }
+
+    /// What the tap's event log holds so far: (ACKs, resubscribes).
+    fn recorded(&self) -> (usize, usize) {
+        let Some(log) = &self.log else { return (0, 0) };
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let acks = text.matches(r#""verdict":"ack""#).count();
+        let resubscribes = text.matches(r#""event":"resubscribe""#).count();
+        (acks, resubscribes)
+    }
+
+    /// Waits (60 s at most) until the event log holds `acks` ACKs and `resubscribes`
+    /// resubscribes, and says what it holds.
+    async fn count(&self, acks: usize, resubscribes: usize) -> (usize, usize) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let got = self.recorded();
+            if got.0 >= acks && got.1 >= resubscribes || Instant::now() > deadline {
+                return got;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
@@ -433,6 +477,9 @@ impl Drop for Tap {
                 std::thread::sleep(Duration::from_millis(20));
             }
             let _ = c.kill();
+            if let Some(log) = &self.log {
+                let _ = std::fs::remove_file(log);
+            }
             let _ = c.wait();
         }
     }
@@ -498,20 +545,12 @@ async fn push_storm(
     let tap = Tap::start(name, &upstream);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let idle = tap.rss_kib();
-    let mut clients = Vec::new();
-    for i in 0..streams {
-        let client = connect(&tap.addr).await.unwrap();
-        let mut s = Stream::open(&client, &format!("proxy-{i}"), 0)
-            .await
-            .unwrap();
-        s.take(1).await.unwrap();
-        clients.push(tokio::spawn(async move {
-            let _client = client;
-            s.take(2).await;
-            // Held open, as a proxy holds its stream.
-            std::future::pending::<()>().await;
-        }));
-    }
+    // The clients in a process of their own, reading at their own pace, as proxies do.
+    let mut clients = Command::new(std::env::current_exe().unwrap())
+        .env("STORM_PUSH_CLIENTS", format!("{} {streams}", tap.addr))
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
     answered(&cp, streams as u64, "v1").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let first = tap.rss_kib();
@@ -523,11 +562,32 @@ async fn push_storm(
     drop(peak);
     tokio::time::sleep(after).await;
     let later = tap.rss_kib();
-    for c in clients {
-        c.abort();
-    }
+    let _ = clients.kill();
+    let _ = clients.wait();
     let per = |kib: u64| kib.saturating_sub(idle) as f64 / streams as f64;
     (per(first), per(high), per(later))
+}
+
+/// The push storm's clients (`STORM_PUSH_CLIENTS="ADDR N"`, in a process of their own): `N`
+/// streams, one connection each, opened one by one, each taking the first version; then each
+/// takes the second as it comes, and holds its stream open, as a proxy does, until killed.
+async fn push_clients(spec: &str) {
+    let (addr, streams) = spec.split_once(' ').expect("ADDR N");
+    let streams: usize = streams.parse().expect("N");
+    let mut clients = Vec::new();
+    for i in 0..streams {
+        let client = connect(addr).await.unwrap();
+        let mut s = Stream::open(&client, &format!("proxy-{i}"), 0)
+            .await
+            .unwrap();
+        s.take(1).await.unwrap();
+        clients.push(tokio::spawn(async move {
+            let _client = client;
+            s.take(2).await;
+            std::future::pending::<()>().await;
+        }));
+    }
+    std::future::pending::<()>().await;
 }
 
 /// `gone`: the tap's RSS over idle per node once `nodes` nodes, each pushed `clusters`
@@ -572,8 +632,13 @@ async fn gone(name: &str, nodes: usize, clusters: usize) -> f64 {
 
 /// `reconnect`: `streams` clients through `addr` (direct or a tap) on `upstream`'s control
 /// plane; it restarts and every client reconnects at once when it is back: the times, from
-/// then, by which 50%, 90% and all of them had the whole CDS again and answered.
-async fn reconnect_storm(name: &str, streams: usize, clusters: usize) -> [Duration; 3] {
+/// then, by which 50%, 90% and all of them had the whole CDS again and answered; and, through a
+/// tap, what it recorded: (ACKs, resubscribes), of `2 * streams` and `streams`.
+async fn reconnect_storm(
+    name: &str,
+    streams: usize,
+    clusters: usize,
+) -> ([Duration; 3], Option<(usize, usize)>) {
     let cp = ControlPlane::new(clusters);
     let listener = listen("127.0.0.1:0");
     let upstream = listener.local_addr().unwrap().to_string();
@@ -638,11 +703,15 @@ async fn reconnect_storm(name: &str, streams: usize, clusters: usize) -> [Durati
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    clients.abort_all();
     let mut times = resynced.lock().unwrap().clone();
     times.sort();
     let at = |q: f64| times[((streams as f64 * q).ceil() as usize).clamp(1, streams) - 1];
-    [at(0.5), at(0.9), at(1.0)]
+    let recorded = match tap.log {
+        Some(_) => Some(tap.count(2 * streams, streams).await),
+        None => None,
+    };
+    clients.abort_all();
+    ([at(0.5), at(0.9), at(1.0)], recorded)
 }
 
 fn main() {
@@ -654,6 +723,9 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    if let Ok(spec) = std::env::var("STORM_PUSH_CLIENTS") {
+        rt.block_on(push_clients(&spec));
+    }
     rt.block_on(run(full));
 }
 
@@ -716,28 +788,36 @@ async fn run(full: bool) {
         let mut all: Vec<(&str, [Duration; 3])> = Vec::new();
         for round in 0..rounds {
             for name in &names {
-                let t = reconnect_storm(name, streams, clusters).await;
+                let (t, recorded) = reconnect_storm(name, streams, clusters).await;
+                let recorded = recorded.map_or(String::new(), |(acks, resubscribes)| {
+                    format!(
+                        "; recorded {acks} of {} ACKs, {resubscribes} of {streams} resubscribes",
+                        2 * streams
+                    )
+                });
                 println!(
                     "reconnect round {round}, {name}: {streams} clients resynced: 50% {:?}, \
-                     90% {:?}, 100% {:?}",
+                     90% {:?}, 100% {:?}{recorded}",
                     t[0], t[1], t[2]
                 );
                 all.push((name, t));
             }
         }
-        for name in &names[1..] {
-            let ratio = |i: usize| {
-                let of = |who: &str| -> f64 {
-                    let v: Vec<f64> = (all.iter())
-                        .filter(|(n, _)| *n == who)
-                        .map(|(_, t)| t[i].as_secs_f64())
-                        .collect();
-                    v.iter().sum::<f64>() / v.len() as f64
-                };
-                of(name) / of("direct")
-            };
+        let mean = |who: &str, i: usize| -> f64 {
+            let v: Vec<f64> = (all.iter())
+                .filter(|(n, _)| *n == who)
+                .map(|(_, t)| t[i].as_secs_f64())
+                .collect();
+            v.iter().sum::<f64>() / v.len() as f64
+        };
+        for (name, base) in names[1..]
+            .iter()
+            .map(|n| (*n, "direct"))
+            .chain(taps.iter().map(|n| (*n, "l4-relay")))
+        {
+            let ratio = |i: usize| mean(name, i) / mean(base, i);
             println!(
-                "reconnect, {name}/direct (means over {rounds} rounds): 50% {:.2}, 90% {:.2}, \
+                "reconnect, {name}/{base} (means over {rounds} rounds): 50% {:.2}, 90% {:.2}, \
                  100% {:.2}",
                 ratio(0),
                 ratio(1),

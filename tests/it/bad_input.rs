@@ -162,6 +162,7 @@ async fn a_length_prefix_claiming_4_gib_is_forwarded_and_counted_at_once() {
     wire.extend_from_slice(b"not really four gigabytes");
     let echoed = ads_exchange(&tap, &[], Bytes::from(wire.clone())).await;
     assert_eq!(echoed, wire, "forwarded byte for byte");
+    tap.observer.caught_up().await;
     assert_eq!(
         xdstap::proxy::counter(&tap.stats.decode_too_large),
         2,
@@ -176,6 +177,7 @@ async fn invalid_protobuf_and_an_unknown_encoding_are_forwarded_and_counted() {
     // Field 1 claims 100 bytes and there are 3.
     let bad = grpc(0, &[0x0a, 100, 1, 2, 3]);
     assert_eq!(ads_exchange(&tap, &[], bad.clone()).await, bad.to_vec());
+    tap.observer.caught_up().await;
     assert_eq!(
         xdstap::proxy::counter(&tap.stats.decode_invalid),
         2,
@@ -185,6 +187,7 @@ async fn invalid_protobuf_and_an_unknown_encoding_are_forwarded_and_counted() {
     let snappy = grpc(1, b"\x00\x01\x02snappy-bytes");
     let echoed = ads_exchange(&tap, &[("grpc-encoding", "snappy")], snappy.clone()).await;
     assert_eq!(echoed, snappy.to_vec());
+    tap.observer.caught_up().await;
     assert!(xdstap::proxy::counter(&tap.stats.decode_encoding) >= 1);
     assert_eq!(xdstap::proxy::counter(&tap.stats.decoded), 0);
     healthy(&tap).await;

@@ -31,6 +31,7 @@ mod reconnect;
 mod restarts;
 mod roll;
 mod rollouts;
+mod slow_observer;
 mod spans;
 mod status;
 mod tls_errors;

@@ -41,6 +41,8 @@ pub const DEFAULT_ADMIN: &str = "127.0.0.1:9977";
 pub const DEFAULT_EVENT_QUEUE: usize = 16_384;
 /// The largest message decoded unless told otherwise (bigger ones are forwarded and counted).
 pub const DEFAULT_DECODE_LIMIT: u64 = 256 << 20;
+/// Bytes forwarded and waiting to be observed unless told otherwise.
+pub const DEFAULT_OBSERVE_BACKLOG: u64 = 128 << 20;
 
 /// Worker threads unless `--threads` says otherwise: one is the cheapest per byte.
 pub const DEFAULT_THREADS: usize = 1;
@@ -62,6 +64,7 @@ pub fn defaults() -> Vec<(&'static str, String)> {
         ("log.format", LogFormat::default().to_string()),
         ("log.level", DEFAULT_LOG_LEVEL.to_string()),
         ("decode_limit", Size(DEFAULT_DECODE_LIMIT).to_string()),
+        ("observe_backlog", Size(DEFAULT_OBSERVE_BACKLOG).to_string()),
         ("event_queue", DEFAULT_EVENT_QUEUE.to_string()),
         ("spans.grouping", spans.grouping.to_string()),
         ("spans.queue_size", spans.queue.to_string()),

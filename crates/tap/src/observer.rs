@@ -1,7 +1,12 @@
-//! The proxy's observer: per xDS stream, gRPC framing -> xDS decode -> correlation, run inline
-//! where the frame is polled (all cheap and synchronous), with events handed to the bounded
-//! queue. Other gRPC methods are only counted. Nothing here can fail or delay forwarding. The
-//! observing side's counters and clock are here too: the rooms downstream read them.
+//! The proxy's observer: per xDS stream, gRPC framing -> xDS decode -> correlation, run on a
+//! thread of its own ([`offload`]) in the order the bytes crossed the tap, each step stamped
+//! with the time its bytes were read, with events handed to the bounded queue. Other gRPC
+//! methods are only counted, where the frame is read. Nothing here can fail or delay
+//! forwarding. The observing side's counters are here too: the rooms downstream read them.
+
+mod offload;
+
+pub use offload::{on_thread_start, Gate, Held};
 
 use crate::clock::now;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,7 +14,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::correlate::{Correlator, Event, Ledger, StreamContext};
+use crate::correlate::{Correlator, Event, Ledger, StreamContext, Timestamp};
 use crate::grpc::{Deframed, Deframer};
 use crate::proxy::{Direction, Headers, Observe, Side, StreamEnd, StreamInfo, StreamObserver};
 use crate::queue::EventSender;
@@ -48,6 +53,8 @@ pub struct ObserverStats {
     pub streams_sotw: AtomicU64,
     /// Open Delta xDS streams.
     pub streams_delta: AtomicU64,
+    /// xDS streams no longer observed because the observer's backlog was full.
+    pub streams_unobserved: AtomicU64,
 }
 
 impl ObserverStats {
@@ -77,18 +84,37 @@ pub struct Observer {
     interner: Arc<Interner>,
     /// What each node ran when its last stream ended, for the stream it reconnects on.
     ledger: Arc<Ledger>,
+    /// The thread the xDS streams are observed on.
+    offload: offload::Offload,
 }
 
 impl Observer {
-    /// An observer that sends events to `events`.
-    pub fn new(events: EventSender, stats: Arc<ObserverStats>, decode_limit: u64) -> Self {
-        Observer {
+    /// An observer that sends events to `events`, its thread started; at most `backlog` bytes
+    /// wait for it.
+    pub fn new(
+        events: EventSender,
+        stats: Arc<ObserverStats>,
+        decode_limit: u64,
+        backlog: usize,
+    ) -> std::io::Result<Self> {
+        Ok(Observer {
+            offload: offload::Offload::start(stats.clone(), backlog)?,
             events,
             stats,
             decode_limit,
             interner: Arc::default(),
             ledger: Arc::default(),
-        }
+        })
+    }
+
+    /// Waits until everything forwarded so far is observed and its events queued.
+    pub async fn flush(&self) {
+        self.offload.flush().await;
+    }
+
+    /// The way to hold observing while forwarding goes on (for tests and benchmarks).
+    pub fn gate(&self) -> Gate {
+        self.offload.gate()
     }
 }
 
@@ -115,7 +141,7 @@ impl Observe for Observer {
             downstream: info.downstream.into(),
             upstream: info.upstream.into(),
         };
-        Box::new(XdsStream {
+        let stream = XdsStream {
             correlator: Correlator::new(method.api, context)
                 .with_interner(self.interner.clone())
                 .with_ledger(self.ledger.clone()),
@@ -132,7 +158,8 @@ impl Observe for Observer {
             grpc_status: None,
             grpc_message: None,
             pending: Vec::new(),
-        })
+        };
+        Box::new(self.offload.handle(info.seq, stream, info.backlog))
     }
 }
 
@@ -240,7 +267,8 @@ impl XdsStream {
     }
 }
 
-impl StreamObserver for XdsStream {
+/// Called on the observer's thread, each with the time its bytes were read.
+impl XdsStream {
     fn settled(&self) -> bool {
         // Nor a message half through either way.
         !self.correlator.awaiting_answer()
@@ -248,7 +276,7 @@ impl StreamObserver for XdsStream {
             && self.response.decoder.is_none()
     }
 
-    fn on_data(&mut self, direction: Direction, chunk: &Bytes) {
+    fn on_data(&mut self, direction: Direction, chunk: &Bytes, now: Timestamp) {
         let api = self.method.api;
         let (half, kind) = match direction {
             Direction::Request => (&mut self.request, MessageKind::Request(api)),
@@ -302,7 +330,6 @@ impl StreamObserver for XdsStream {
         if finished.is_empty() {
             return;
         }
-        let now = now();
         for result in finished {
             match result {
                 Ok(Message::Request(r)) => {
@@ -328,7 +355,7 @@ impl StreamObserver for XdsStream {
         self.read_status(headers);
     }
 
-    fn on_trailers(&mut self, direction: Direction, trailers: &Headers) {
+    fn on_trailers(&mut self, direction: Direction, trailers: &Headers, now: Timestamp) {
         if direction == Direction::Response {
             self.read_status(trailers);
             // The server's trailers end the call, whatever the client does with its half.
@@ -337,12 +364,26 @@ impl StreamObserver for XdsStream {
                 .clone()
                 .unwrap_or_else(|| "stream closed by the control plane".into());
             self.correlator
-                .on_stream_end(self.grpc_status, &message, now(), &mut self.pending);
+                .on_stream_end(self.grpc_status, &message, now, &mut self.pending);
             self.flush();
         }
     }
 
-    fn on_end(&mut self, end: &StreamEnd) {
+    /// The observer fell more than `backlog` bytes behind: the rest of the stream is forwarded
+    /// unobserved, and its open pushes are decided now.
+    fn unobserved(&mut self, backlog: usize, now: Timestamp) {
+        self.request.broken = true;
+        self.response.broken = true;
+        self.request.decoder = None;
+        self.response.decoder = None;
+        let message =
+            format!("not observed past here: the observer fell more than {backlog} bytes behind");
+        self.correlator
+            .on_stream_end(self.grpc_status, &message, now, &mut self.pending);
+        self.flush();
+    }
+
+    fn on_end(&mut self, end: &StreamEnd, now: Timestamp) {
         let message = match end {
             StreamEnd::Complete => self
                 .grpc_message
@@ -354,7 +395,7 @@ impl StreamObserver for XdsStream {
             StreamEnd::Failed { message, .. } | StreamEnd::Cut { message } => message.clone(),
         };
         self.correlator
-            .on_stream_end(self.grpc_status, &message, now(), &mut self.pending);
+            .on_stream_end(self.grpc_status, &message, now, &mut self.pending);
         self.flush();
         tracing::debug!(
             stream = self.method_path(),

@@ -103,6 +103,65 @@ pub struct StreamInfo<'a> {
     pub downstream: &'a str,
     /// Upstream address.
     pub upstream: &'a str,
+    /// The connection's bytes handed to observers and not yet observed.
+    pub backlog: &'a Arc<Backlog>,
+}
+
+/// One connection's bytes handed to its streams' observers and not yet observed (an observer
+/// that works on a thread of its own counts them in and out). Past [`Backlog::CAP`] the
+/// connection's relay reads nothing more, from either side, until the observer has caught up
+/// to half of it: a single message far bigger than the cap (a 100 MiB push) goes at the
+/// observer's pace rather than into memory, and no other connection waits for it.
+#[derive(Debug, Default)]
+pub struct Backlog {
+    queued: std::sync::atomic::AtomicUsize,
+    parked: std::sync::atomic::AtomicBool,
+    waiting: Mutex<Option<std::task::Waker>>,
+}
+
+impl Backlog {
+    /// The most a connection's observers may be behind before it stops reading.
+    pub const CAP: usize = 8 << 20;
+
+    /// `n` bytes handed over.
+    pub fn add(&self, n: usize) {
+        self.queued.fetch_add(n, Ordering::AcqRel);
+    }
+
+    /// `n` bytes observed: a relay waiting for room reads again once half the cap is free.
+    pub fn observed(&self, n: usize) {
+        let left = self.queued.fetch_sub(n, Ordering::AcqRel).saturating_sub(n);
+        if left <= Backlog::CAP / 2 && self.parked.swap(false, Ordering::AcqRel) {
+            let waker = self
+                .waiting
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            if let Some(w) = waker {
+                w.wake();
+            }
+        }
+    }
+
+    /// Bytes handed over and not yet observed.
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::Acquire)
+    }
+
+    /// Ready while the observers are less than the cap behind; else woken at half of it.
+    pub(crate) fn poll_room(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        if self.queued() < Backlog::CAP {
+            return std::task::Poll::Ready(());
+        }
+        *self.waiting.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
+        self.parked.store(true, Ordering::Release);
+        // The observer may have caught up between the look and the parking.
+        if self.queued() <= Backlog::CAP / 2 {
+            self.parked.store(false, Ordering::Release);
+            return std::task::Poll::Ready(());
+        }
+        std::task::Poll::Pending
+    }
 }
 
 /// How a forwarded stream ended.
@@ -188,6 +247,9 @@ pub struct ProxyStats {
     pub streams_total: AtomicU64,
     /// Streams open now (as observed).
     pub streams_active: AtomicU64,
+    /// Times a connection's relay paused reading because its observers were more than
+    /// [`Backlog::CAP`] behind.
+    pub observer_waits: AtomicU64,
     /// Bytes relayed client to upstream.
     pub request_bytes: AtomicU64,
     /// Bytes relayed upstream to client.

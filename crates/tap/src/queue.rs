@@ -73,11 +73,16 @@ impl<'a> Delivered<'a> {
 /// than most events cost); after this many empty looks it waits to be woken again.
 const LINGER_ROUNDS: u32 = 10;
 
-/// The next queued item: at once when one is there, else after short naps while the queue has
-/// been busy lately, else when a sender wakes the thread.
-fn next(rx: &mut mpsc::Receiver<Queued>) -> Option<Queued> {
+/// The next item of a queue whose consumer is a thread of its own (the sinks', the
+/// observer's): at once when one is there, else after short naps while the queue has been
+/// busy lately, else when a sender wakes the thread.
+pub(crate) fn next<R, T>(
+    rx: &mut R,
+    try_recv: impl Fn(&mut R) -> Result<T, mpsc::error::TryRecvError>,
+    blocking_recv: impl FnOnce(&mut R) -> Option<T>,
+) -> Option<T> {
     for _ in 0..LINGER_ROUNDS {
-        match rx.try_recv() {
+        match try_recv(rx) {
             Ok(q) => return Some(q),
             Err(mpsc::error::TryRecvError::Disconnected) => return None,
             Err(mpsc::error::TryRecvError::Empty) => {
@@ -85,7 +90,7 @@ fn next(rx: &mut mpsc::Receiver<Queued>) -> Option<Queued> {
             }
         }
     }
-    rx.blocking_recv()
+    blocking_recv(rx)
 }
 
 /// The sinks at work: a thread of their own draining the bounded event queue, so that they
@@ -108,7 +113,9 @@ impl Sinks {
         std::thread::Builder::new()
             .name("xdstap-sinks".into())
             .spawn(move || {
-                while let Some(Queued::Event(event)) = next(&mut rx) {
+                while let Some(Queued::Event(event)) =
+                    next(&mut rx, |r| r.try_recv(), |r| r.blocking_recv())
+                {
                     let delivered = Delivered::new(&event);
                     for sink in sinks.iter_mut() {
                         sink.deliver(&delivered);

@@ -148,6 +148,7 @@ impl Server {
             PipelineOptions {
                 queue_capacity: config.event_queue,
                 decode_limit: config.decode_limit,
+                observe_backlog: config.observe_backlog,
             },
             tap_stats.clone(),
             sinks,
@@ -271,6 +272,11 @@ impl Running {
         self.proxy.stats()
     }
 
+    /// The way to hold observing while forwarding goes on: see [`crate::Gate`].
+    pub fn observer_gate(&self) -> crate::Gate {
+        self.pipeline.observer.gate()
+    }
+
     /// The observer's counters.
     pub fn tap_stats(&self) -> Arc<ObserverStats> {
         self.tap_stats.clone()
@@ -324,6 +330,8 @@ pub struct PipelineOptions {
     pub queue_capacity: usize,
     /// Largest message decoded, bytes.
     pub decode_limit: u64,
+    /// Bytes forwarded and waiting to be observed (see [`Observer::new`]).
+    pub observe_backlog: u64,
 }
 
 impl Pipeline {
@@ -338,7 +346,12 @@ impl Pipeline {
         all.extend(sinks);
         let (events, sinks) = crate::queue::Sinks::start(options.queue_capacity, all)?;
         Ok(Pipeline {
-            observer: Arc::new(Observer::new(events, stats, options.decode_limit)),
+            observer: Arc::new(Observer::new(
+                events,
+                stats,
+                options.decode_limit,
+                usize::try_from(options.observe_backlog).unwrap_or(usize::MAX),
+            )?),
             sinks,
         })
     }
@@ -348,8 +361,10 @@ impl Pipeline {
         self.observer.clone()
     }
 
-    /// Delivers what is queued, then drops the sinks (exporters flush on drop of their sink).
+    /// Observes what was forwarded, delivers what is queued, then drops the sinks (exporters
+    /// flush on drop of their sink).
     pub async fn close(self) {
+        self.observer.flush().await;
         self.sinks.close().await;
     }
 }

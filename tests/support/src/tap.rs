@@ -116,6 +116,8 @@ pub struct XdsTap {
     pub recorder: Recorder,
     /// The admin server's address.
     pub admin: String,
+    /// Holds observing while forwarding goes on.
+    pub observer: xdstap::Gate,
 }
 
 impl XdsTap {
@@ -163,6 +165,7 @@ impl XdsTap {
         let running = server.start(listener).await.unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (addr, proxy_stats) = (running.local_addr(), running.proxy_stats());
+        let observer = running.observer_gate();
         let (stats, admin) = (
             running.tap_stats(),
             running.admin_addr().unwrap_or_default().to_string(),
@@ -180,6 +183,7 @@ impl XdsTap {
             stats,
             recorder,
             admin,
+            observer,
         }
     }
 

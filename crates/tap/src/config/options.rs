@@ -56,6 +56,10 @@ pub struct Options {
     /// Largest xDS message decoded; larger ones are forwarded untouched and counted.
     #[arg(long, value_name = "SIZE", help_heading = "Observation")]
     pub decode_limit: Option<Size>,
+    /// Bytes forwarded and not yet observed; a stream whose bytes would pass it is forwarded
+    /// unobserved from there on, its open pushes decided and the stream counted.
+    #[arg(long, value_name = "SIZE", help_heading = "Observation")]
+    pub observe_backlog: Option<Size>,
     /// Append one JSON line per verdict (ack, nack, superseded, unanswered) to FILE [default: off].
     #[arg(long, value_name = "FILE", help_heading = "Observation")]
     pub event_log: Option<PathBuf>,

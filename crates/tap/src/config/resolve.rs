@@ -9,7 +9,7 @@ use super::options::{
 use super::values::{AdminAddress, Count, HumanDuration, LogFormat};
 use super::{
     invalid, missing, option_name, ConfigError, DEFAULT_ADMIN, DEFAULT_DECODE_LIMIT,
-    DEFAULT_EVENT_QUEUE, DEFAULT_LOG_LEVEL, DEFAULT_THREADS,
+    DEFAULT_EVENT_QUEUE, DEFAULT_LOG_LEVEL, DEFAULT_OBSERVE_BACKLOG, DEFAULT_THREADS,
 };
 use crate::config::UnknownName;
 use crate::outputs::spans::SpanSettings;
@@ -36,6 +36,8 @@ pub struct Config {
     pub log_level: String,
     /// Largest message decoded, bytes.
     pub decode_limit: u64,
+    /// Bytes forwarded and waiting to be observed before a stream is no longer observed.
+    pub observe_backlog: u64,
     /// Runtime worker threads.
     pub threads: usize,
     /// JSON-lines verdict log, if any.
@@ -188,6 +190,9 @@ impl Options {
             log_format,
             log_level,
             decode_limit: self.decode_limit.map_or(DEFAULT_DECODE_LIMIT, |s| s.0),
+            observe_backlog: self
+                .observe_backlog
+                .map_or(DEFAULT_OBSERVE_BACKLOG, |s| s.0),
             threads: threads(self.threads)?,
             event_log: self.event_log,
             event_queue: self.event_queue.map_or(DEFAULT_EVENT_QUEUE, |c| c.0),

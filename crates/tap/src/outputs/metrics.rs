@@ -204,6 +204,12 @@ impl Sources {
                 C,
                 counter(&p.connection_errors),
             ),
+            one(
+                "xdstap_observer_waits",
+                "Times a connection paused reading because its observers were 8 MiB behind.",
+                C,
+                counter(&p.observer_waits),
+            ),
         ];
         let stopped = [
             "not_http2",
@@ -278,6 +284,12 @@ impl Sources {
                 "Times a bound of the object reader left part of a resource's metadata out (its \
                  objects may be incomplete).",
                 &t.origins_cut,
+            ),
+            (
+                "xdstap_streams_unobserved",
+                "xDS streams forwarded unobserved from some point on: the observer's backlog \
+                 (--observe-backlog) was full.",
+                &t.streams_unobserved,
             ),
             (
                 "xdstap_dropped_events",

@@ -38,6 +38,8 @@ struct Streams {
     last_client_stream: StreamId,
     peer: String,
     upstream: String,
+    /// What the streams' observers have yet to observe.
+    backlog: Arc<super::Backlog>,
 }
 
 /// Why observation cannot go on: a metric label and words for humans.
@@ -88,6 +90,7 @@ impl Streams {
             headers,
             downstream: &self.peer,
             upstream: &self.upstream,
+            backlog: &self.backlog,
         });
         Stream {
             observer,
@@ -201,6 +204,7 @@ impl ConnectionReader {
                 last_client_stream: StreamId(0),
                 peer,
                 upstream,
+                backlog: Arc::default(),
             },
             stopped: None,
             drain: Drain::No,
@@ -209,6 +213,16 @@ impl ConnectionReader {
 
     fn stats(&self) -> &ProxyStats {
         &self.streams.stats
+    }
+
+    /// Ready while the connection's observers are not too far behind (see
+    /// [`super::Backlog`]); pending (woken when they catch up) otherwise, counted.
+    pub fn poll_room(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        let room = self.streams.backlog.poll_room(cx);
+        if room.is_pending() {
+            ProxyStats::add(&self.stats().observer_waits, 1);
+        }
+        room
     }
 
     /// A chunk read in `direction`: shown to the streams' observers, then queued on `out`, to

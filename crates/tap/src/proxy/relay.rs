@@ -52,6 +52,9 @@ const IDLE_CHUNK: usize = 8 << 10;
 
 /// How long a closing relay waits for both peers to close after the tap's own FIN.
 pub(super) const LINGER: Duration = Duration::from_secs(5);
+/// While draining, how often a relay looks again whether its streams have settled: the
+/// observer decides that on a thread of its own, after the bytes have gone by.
+const SETTLE_CHECK: Duration = Duration::from_millis(5);
 
 /// What the tap asks of its relays, in the order it asks it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -172,6 +175,8 @@ impl Half {
                     continue;
                 }
             }
+            // Reads no further than the observers can follow.
+            ready!(observation.poll_room(cx));
             let chunk = match self.hot {
                 true => ready!(self.poll_read_hot(cx, src)),
                 false => ready!(poll_read_idle(cx, src)),
@@ -259,10 +264,19 @@ pub(super) async fn relay(
     let mut draining = false;
     // Set once the tap closes: the linger's end.
     let mut linger: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    // Set once draining: the next look at whether the streams have settled.
+    let mut settle_check: Option<tokio::time::Interval> = None;
     poll_fn(|cx| loop {
         if !draining && drain_asked.as_mut().poll(cx).is_ready() {
             draining = true;
             observation.drain();
+            settle_check = Some(tokio::time::interval(SETTLE_CHECK));
+        }
+        if linger.is_none() {
+            if let Some(check) = settle_check.as_mut() {
+                // Only registers the wake-up: what it looks at is below.
+                while check.poll_tick(cx).is_ready() {}
+            }
         }
         let settled = draining && observation.drained() && halves.iter().all(|h| h.out.is_empty());
         if linger.is_none() && (settled || close_asked.as_mut().poll(cx).is_ready()) {

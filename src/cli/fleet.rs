@@ -48,6 +48,23 @@ pub fn not_found(code: u8, partial: bool) -> ExitCode {
     ExitCode::from(if partial { super::EX_PARTIAL } else { code })
 }
 
+/// The lines that name the taps that answered on several addresses (one tap, whatever it is
+/// called), for under a table; none when each answered on one.
+pub fn also_lines(taps: &[TapAnswer]) -> String {
+    let mut out = String::new();
+    for t in taps.iter().filter(|t| !t.also.is_empty()) {
+        out.push_str(&format!(
+            "\ntap {} also answered as {} (counted once)",
+            t.admin,
+            t.also.join(", ")
+        ));
+    }
+    if !out.is_empty() {
+        out.push('\n');
+    }
+    out
+}
+
 /// The lines that name the taps that did not answer (none when all did), for under a table.
 pub fn missing_lines(taps: &[TapAnswer]) -> String {
     let missing: Vec<&TapAnswer> = taps.iter().filter(|t| !t.error.is_empty()).collect();

@@ -341,6 +341,7 @@ pub fn render(report: &StatusReport, wide: bool) -> String {
     if wide {
         out.push_str(&elsewhere(report));
     }
+    out.push_str(&super::fleet::also_lines(&report.taps));
     out.push_str(&super::fleet::missing_lines(&report.taps));
     out
 }

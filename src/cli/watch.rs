@@ -59,6 +59,7 @@ async fn watch(args: &WatchArgs) -> ExitCode {
         node: args.node.clone().unwrap_or_default(),
         types: args.types.clone(),
         kinds: args.verdicts.iter().map(|k| k.kind() as i32).collect(),
+        recent_only: false,
     };
     let answers = (taps.ask(move |mut tap| {
         let request = request.clone();

@@ -4,7 +4,10 @@
 //! them; every rule's expression and every PromQL query in docs/operating.md runs without error
 //! and returns data. The rules' `for:` durations are cut to a second here (the same rules
 //! otherwise, byte for byte), so firing takes seconds, not minutes; `promtool test rules` shows
-//! the real durations (scripts/test runs it). Also: `promtool check config` accepts the scrape
+//! the real durations (scripts/test runs it); each NACK alert names the tap (the scrape's
+//! instance) and the command to run against it. The control plane's outage is played with the
+//! rules as shipped, `for:` and intervals unchanged: its alert fires and ends within a minute
+//! of the outage's start and end. Also: `promtool check config` accepts the scrape
 //! configs shipped, plain and as the tier's ConfigMap, whose rules are the same text. Every
 //! series the tap exports is in docs/operating.md's metrics table, and none has a per-node
 //! label.
@@ -76,11 +79,18 @@ struct Prometheus {
 }
 
 impl Prometheus {
+    /// Scraping the tap every second, with the rules' `for:` cut to a second.
     async fn start(tap_admin: &str) -> Prometheus {
+        Prometheus::start_with(tap_admin, &quick_rules(), "1s").await
+    }
+
+    /// Scraping and evaluating every `interval`, with `rules`.
+    async fn start_with(tap_admin: &str, rules: &str, interval: &str) -> Prometheus {
         let dir = support::TempDir::new("prometheus");
-        std::fs::write(dir.path().join("rules.yml"), quick_rules()).unwrap();
+        std::fs::write(dir.path().join("rules.yml"), rules).unwrap();
         let config = format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n- rules.yml\n\
+            "global:\n  scrape_interval: {interval}\n  evaluation_interval: {interval}\n\
+             rule_files:\n- rules.yml\n\
              scrape_configs:\n- job_name: xdstap\n  static_configs:\n  - targets: ['{tap_admin}']\n"
         );
         let file = dir.path().join("prometheus.yml");
@@ -125,11 +135,18 @@ impl Prometheus {
 
     /// The alerts firing now, by name.
     async fn firing(&self) -> Vec<String> {
+        (self.alerts().await.iter())
+            .map(|a| a["labels"]["alertname"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    /// The alerts firing now, as Prometheus gives them (labels, annotations).
+    async fn alerts(&self) -> Vec<serde_json::Value> {
         let (_, body) = support::http_get(&self.addr, "/api/v1/alerts").await;
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         (v["data"]["alerts"].as_array().into_iter().flatten())
             .filter(|a| a["state"] == "firing")
-            .map(|a| a["labels"]["alertname"].as_str().unwrap().to_string())
+            .cloned()
             .collect()
     }
 }
@@ -179,6 +196,16 @@ async fn the_rules_fire_and_resolve_on_a_real_prometheus() {
             .then_some(firing)
     })
     .await;
+    // Each names the tap it is about, and the command to run against it.
+    for alert in prometheus.alerts().await {
+        let name = alert["labels"]["alertname"].as_str().unwrap();
+        if alerting.contains(&name) {
+            assert_eq!(alert["labels"]["instance"], tap.admin.as_str(), "{alert}");
+            let runbook = alert["annotations"]["runbook"].as_str().unwrap();
+            let command = format!("`xdstap status --admin {}`", tap.admin);
+            assert!(runbook.contains(&command), "{name}: {runbook}");
+        }
+    }
     for quiet in [
         "XdstapDown",
         "XdsControlPlaneUnreachable",
@@ -220,7 +247,10 @@ async fn the_rules_fire_and_resolve_on_a_real_prometheus() {
     for series in prometheus.query("{job=\"xdstap\"}").await {
         let labels = series["metric"].as_object().unwrap();
         let name = labels["__name__"].as_str().unwrap();
-        if ["up", "scrape_"].iter().any(|p| name.starts_with(p)) {
+        if ["up", "scrape_", "ALERTS"]
+            .iter()
+            .any(|p| name.starts_with(p))
+        {
             continue;
         }
         let family = ["_bucket", "_sum", "_count"]
@@ -252,6 +282,61 @@ async fn the_rules_fire_and_resolve_on_a_real_prometheus() {
         (!alerting.iter().any(|a| firing.contains(&a.to_string()))).then_some(())
     })
     .await;
+    tap.close().await;
+}
+
+/// The control plane's outage as Prometheus sees it with the rules as shipped (no `for:` cut)
+/// and the shipped scrape and evaluation intervals (15 s): XdsControlPlaneUnreachable fires
+/// within a minute of the control plane going away, naming the tap, and ends within a minute
+/// of its return. No client is connected: the tap's own look at each scrape keeps the state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_plane_alert_fires_and_ends_with_the_outage() {
+    let shipped = std::fs::read_to_string(root().join("config/prometheus/rules.yml")).unwrap();
+    let (cp, cp_addr, server) =
+        ControlPlane::listening(Snapshot::standard("v1", 1000, 1000, 9)).await;
+    let tap = XdsTap::start(TapOptions::new(&cp_addr)).await;
+    let prometheus = Prometheus::start_with(&tap.admin, &shipped, "15s").await;
+    support::eventually_async(60, "the tap scraped, the control plane up", || async {
+        let up = prometheus.query("xdstap_upstream_up == 1").await;
+        (!up.is_empty()).then_some(())
+    })
+    .await;
+    let unreachable = "XdsControlPlaneUnreachable".to_string();
+    assert!(!prometheus.firing().await.contains(&unreachable));
+
+    cp.stop(server).await;
+    let gone = std::time::Instant::now();
+    let alert = support::eventually_async(90, "the outage alert firing", || async {
+        (prometheus.alerts().await.into_iter())
+            .find(|a| a["labels"]["alertname"] == unreachable.as_str())
+    })
+    .await;
+    let fired = gone.elapsed();
+    eprintln!("XdsControlPlaneUnreachable fired {fired:?} after the control plane went");
+    assert!(
+        fired < std::time::Duration::from_secs(60),
+        "fired after {fired:?}"
+    );
+    assert_eq!(alert["labels"]["instance"], tap.admin.as_str(), "{alert}");
+    let runbook = alert["annotations"]["runbook"].as_str().unwrap();
+    assert!(
+        runbook.contains(&format!("`xdstap status --admin {}`", tap.admin)),
+        "{runbook}"
+    );
+
+    let listener = tokio::net::TcpListener::bind(&cp_addr).await.unwrap();
+    let _server = cp.serve(listener);
+    let back = std::time::Instant::now();
+    support::eventually_async(90, "the outage alert resolved", || async {
+        (!prometheus.firing().await.contains(&unreachable)).then_some(())
+    })
+    .await;
+    let resolved = back.elapsed();
+    eprintln!("XdsControlPlaneUnreachable resolved {resolved:?} after the control plane came back");
+    assert!(
+        resolved < std::time::Duration::from_secs(60),
+        "resolved after {resolved:?}"
+    );
     tap.close().await;
 }
 

@@ -279,10 +279,12 @@ async fn the_page_names_the_object_behind_a_nack() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tiers_page_shows_every_node_once_with_its_tap() {
-    let (_cp, cp_addr, _server) =
+    let (cp, cp_addr, _server) =
         ControlPlane::listening(Snapshot::standard("v1", 1000, 1000, 9)).await;
     let (admin_a, admin_b) = (support::free_addr(), support::free_addr());
-    let peers = format!("{admin_a},{admin_b}");
+    // B is listed twice, by two names: it is one tap all the same.
+    let b_by_name = admin_b.replace("127.0.0.1", "localhost");
+    let peers = format!("{admin_a},{admin_b},{b_by_name}");
     let tap = |admin: String, peers: Option<String>| {
         let cp_addr = cp_addr.clone();
         async move {
@@ -314,10 +316,34 @@ async fn a_tiers_page_shows_every_node_once_with_its_tap() {
         (r.nodes.len() == 3).then_some(r)
     })
     .await;
-    let taps: Vec<(&str, &str)> = (report.taps.iter())
-        .map(|t| (t.admin.as_str(), t.error.as_str()))
+    let taps: Vec<(&str, &str, Vec<String>)> = (report.taps.iter())
+        .map(|t| (t.admin.as_str(), t.error.as_str(), t.also.clone()))
         .collect();
-    assert_eq!(taps, [(admin_a.as_str(), ""), (admin_b.as_str(), "")]);
+    assert_eq!(
+        taps,
+        [
+            (admin_a.as_str(), "", vec![]),
+            (admin_b.as_str(), "", vec![b_by_name.clone()])
+        ],
+        "each tap once, with the other addresses it answered on"
+    );
+    // The CLI over the same list, A named by two addresses too: each tap once.
+    let a_by_name = admin_a.replace("127.0.0.1", "localhost");
+    let list = format!("{admin_a},{a_by_name},{admin_b},{b_by_name}");
+    let (code, out, err) = support::xdstap(&["status", "--admin", &list, "-o", "json"]).await;
+    assert_eq!(code, 0, "{out}{err}");
+    let cli: xdstap::api::v1::StatusReport = serde_json::from_str(&out).unwrap();
+    assert_eq!(cli.taps.len(), 2, "{:?}", cli.taps);
+    assert_eq!(cli.nodes.len(), 3);
+    assert!(
+        cli.nodes.iter().all(|n| n.taps.len() == 1),
+        "{:?}",
+        cli.nodes
+    );
+    let list = format!("{admin_b},{b_by_name}");
+    let (_, text, _) = support::xdstap(&["status", "--admin", &list]).await;
+    let said = format!("tap {admin_b} also answered as {b_by_name} (counted once)");
+    assert!(text.contains(&said), "{text}");
     for n in &report.nodes {
         let want = if n.id == "envoy-b1" {
             &admin_b
@@ -338,10 +364,39 @@ async fn a_tiers_page_shows_every_node_once_with_its_tap() {
         b = js(&admin_b)
     );
     browser.until(&session, 30, &rows);
+    let scope = format!(
+        "document.getElementById('scope').textContent.startsWith(\
+         'The tier: 2 of 2 taps answered ({admin_a}; {admin_b} (also {b_by_name}))')"
+    );
+    browser.until(&session, 5, &scope);
+
+    // A node on B rejects v2 (a cluster with no timeout): A's page answers for the tier. Its
+    // rollout counts the NACK, and the node's opened row has its verdicts from B.
+    cp.set_for_node("envoy-b1", Snapshot::standard("v2", 0, 1000, 9));
+    let nacked = "(c => !!c && c.querySelector('.bar').dataset.nacked === '1' && \
+                  c.querySelector('.bar').dataset.pushed === '1')\
+                  (document.querySelector('.rollout[data-type=\"CDS\"][data-version=\"v2\"]'))";
+    browser.until(&session, 30, nacked);
     browser.until(
         &session,
         5,
-        "document.getElementById('scope').textContent.startsWith('The tier: 2 of 2 taps answered')",
+        "document.getElementById('rollouts-heading').textContent === 'Rollouts, the tier\\'s' && \
+         document.getElementById('feed-heading').textContent.endsWith('this tap\\'s clients only')",
+    );
+    browser.eval(
+        &session,
+        "document.querySelector('tr.node[data-node=\"envoy-b1\"]').click(); true",
+    );
+    let from_b = format!(
+        "(d => !!d && d.querySelector('h3').textContent === 'recent verdicts, from its tap ' + {b} && \
+          [...d.querySelectorAll('li')].some(l => l.textContent.includes('NACK  v2')))\
+          (document.querySelector('td.detail'))",
+        b = js(&admin_b)
+    );
+    browser.until(&session, 30, &from_b);
+    browser.eval(
+        &session,
+        "document.querySelector('tr.node[data-node=\"envoy-b1\"]').click(); true",
     );
 
     // B stops: A's page names it as not answering, and keeps A's own nodes.
@@ -349,6 +404,8 @@ async fn a_tiers_page_shows_every_node_once_with_its_tap() {
     b.close().await;
     let named = format!(
         "[...document.querySelectorAll('#missing-taps li.missing')].some(l => l.dataset.tap === {}) && \
+         [...document.querySelectorAll('#missing-taps li.missing')].every(l => \
+            l.textContent === 'not answering: ' + l.dataset.tap + ': refused (nothing listens there)') && \
          document.getElementById('scope').textContent.startsWith('The tier: 1 of 2 taps answered') && \
          [...document.querySelectorAll('tr.node')].filter(r => r.dataset.node.startsWith('envoy-a')).length === 2",
         js(&admin_b)

@@ -135,5 +135,4 @@ async fn a_held_observer_delays_no_frame_and_decides_everything_once_let_go() {
         );
     }
     assert_eq!(tap.observer.backlog(), 0, "the observer caught up");
-    assert_eq!(xdstap::proxy::counter(&tap.stats.streams_unobserved), 0);
 }

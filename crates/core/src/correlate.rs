@@ -598,6 +598,8 @@ pub struct Correlator {
     /// Open CDS pushes that wait for EDS, oldest first.
     warming: VecDeque<Warming>,
     ended: bool,
+    /// How the stream ended, once it has: a push that crosses the end is decided by it.
+    end: Option<(Option<i32>, String)>,
     /// Where pushes' resource sets are held once for every stream.
     interner: Option<Arc<Interner>>,
     /// What each node ran when its last stream ended.
@@ -635,6 +637,7 @@ impl Correlator {
             types: Vec::new(),
             warming: VecDeque::new(),
             ended: false,
+            end: None,
             interner: None,
             ledger: None,
         }
@@ -779,8 +782,22 @@ impl Correlator {
     }
 
     /// A response from the control plane. Call it before the response is forwarded, so an
-    /// answer can never be seen before its push. Nothing after the stream's end counts.
+    /// answer can never be seen before its push. One that comes after the stream's end (it
+    /// crossed the client's reset on the wire) is a push all the same, and Unanswered at once,
+    /// by that end.
     pub fn on_response(&mut self, resp: Response, now: Timestamp, out: &mut Vec<Event>) {
+        if let Some((grpc_status, message)) = self.end.take() {
+            self.ended = false;
+            self.on_response(resp, now, out);
+            self.ended = true;
+            self.end = Some((grpc_status, message.clone()));
+            let message = format!("{message}; the push crossed the stream's end");
+            let decided_from = out.len();
+            self.decide_open(grpc_status, &message, now, out);
+            self.settle_warming(&mut out[decided_from..]);
+            self.warming.clear();
+            return;
+        }
         if self.ended {
             return;
         }
@@ -975,7 +992,38 @@ impl Correlator {
             return;
         }
         self.ended = true;
+        self.end = Some((grpc_status, message.to_string()));
         let decided_from = out.len();
+        self.decide_open(grpc_status, message, now, out);
+        let types = std::mem::take(&mut self.types);
+        if let (Some(ledger), Some(node)) = (&self.ledger, &self.node) {
+            for (type_url, sub) in &types {
+                if let (Some(version), Some(accepted)) = (&sub.running_version, &sub.accepted) {
+                    ledger.record(&node.id, type_url, version, accepted.clone());
+                }
+            }
+        }
+        self.types = types;
+        self.settle_warming(&mut out[decided_from..]);
+        self.warming.clear();
+        out.push(Event::StreamEnd {
+            context: self.context("", now),
+            grpc_status,
+            message: message.into(),
+        });
+    }
+}
+
+impl Correlator {
+    /// Every open push decided by the stream's end: an overtaken one Superseded, the newest
+    /// Unanswered with `grpc_status` and `message`.
+    fn decide_open(
+        &mut self,
+        grpc_status: Option<i32>,
+        message: &str,
+        now: Timestamp,
+        out: &mut Vec<Event>,
+    ) {
         let mut types = std::mem::take(&mut self.types);
         types.sort_by(|a, b| a.0.cmp(&b.0));
         for (type_url, sub) in &mut types {
@@ -993,21 +1041,7 @@ impl Correlator {
                 out.push(verdict(&context, push, v, now));
             }
         }
-        if let (Some(ledger), Some(node)) = (&self.ledger, &self.node) {
-            for (type_url, sub) in &types {
-                if let (Some(version), Some(accepted)) = (&sub.running_version, &sub.accepted) {
-                    ledger.record(&node.id, type_url, version, accepted.clone());
-                }
-            }
-        }
         self.types = types;
-        self.settle_warming(&mut out[decided_from..]);
-        self.warming.clear();
-        out.push(Event::StreamEnd {
-            context: self.context("", now),
-            grpc_status,
-            message: message.into(),
-        });
     }
 }
 

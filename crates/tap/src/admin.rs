@@ -1,7 +1,9 @@
 //! The admin server (loopback by default), HTTP/1.1 and HTTP/2 on one address. HTTP: the live
-//! page at `/` ([`page`]), `/status` and `/rollouts` (JSON), `/events` (verdicts as server-sent
-//! events), `/metrics` (Prometheus / OpenMetrics text), `/healthz`, `/readyz` (not draining,
-//! and the upstream answers HTTP/2: [`ready`]). gRPC (any request of content-type
+//! page at `/` ([`page`]), `/status`, `/rollouts`, `/objects` and `/verdicts?node=` (JSON; the
+//! first two and the last answer for the tier when the tap has peers), `/events` (verdicts as
+//! server-sent events), `/metrics` (Prometheus / OpenMetrics text; each scrape looks at the
+//! upstream as `/readyz` does), `/healthz`, `/readyz` (not draining, and the upstream answers
+//! HTTP/2: [`ready`]). gRPC (any request of content-type
 //! `application/grpc`): the tap's own API, `xdstap.v1.Tap` ([`api`]), and CSDS ([`csds`]).
 //! Read-only: nothing here changes what the tap does.
 
@@ -10,6 +12,7 @@ pub mod page;
 pub mod ready;
 pub mod service;
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -78,6 +81,9 @@ pub struct Peers {
     /// The last ask: when it ended, the node it was for, and each peer's answer or why none
     /// (kept until the next ask: a report per peer).
     last: Option<(std::time::Instant, Option<String>, PeerAnswers)>,
+    /// The instance each peer address last answered as: a tap named twice that stops
+    /// answering is still one tap not answering.
+    known: HashMap<String, String>,
 }
 
 /// Each peer's status report, or why it gave none.
@@ -88,6 +94,30 @@ const RESOLVE_PEERS: Duration = Duration::from_secs(30);
 
 /// How long `/status` waits for the peers; one that has not answered by then is named.
 const PEER_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Peers that did not answer, each once: addresses that last answered as the same tap are
+/// listed with the first of them (`also`).
+fn once_silent(taps: &mut Vec<crate::api::v1::TapAnswer>, known: &HashMap<String, String>) {
+    let mut first: HashMap<&str, usize> = HashMap::new();
+    let mut i = 0;
+    while i < taps.len() {
+        let id = known
+            .get(&taps[i].admin)
+            .filter(|_| !taps[i].error.is_empty());
+        match id.and_then(|id| first.get(id.as_str()).copied()) {
+            Some(at) => {
+                let gone = taps.remove(i);
+                taps[at].also.push(gone.admin);
+            }
+            None => {
+                if let Some(id) = id {
+                    first.insert(id, i);
+                }
+                i += 1;
+            }
+        }
+    }
+}
 
 /// A random id for this process: its reports carry it, so a tier's fan-in knows itself.
 pub fn instance_id() -> String {
@@ -100,6 +130,15 @@ pub fn instance_id() -> String {
 }
 
 impl Admin {
+    /// Whether the control plane answers HTTP/2 ([`ready::Readiness::check`]), kept as the
+    /// upstream's reachability (`xdstap_upstream_up`).
+    pub async fn look_upstream(&self) -> Result<(), String> {
+        let answer = self.ready.check().await;
+        let up = u64::from(answer.is_ok());
+        (self.proxy.upstream_up).store(up, std::sync::atomic::Ordering::Relaxed);
+        answer
+    }
+
     /// This tap's status report (of node `node` only, when given).
     pub fn local_status(&self, node: Option<&str>) -> crate::api::v1::StatusReport {
         let mut report = self.status.report(crate::clock::now(), node);
@@ -132,30 +171,41 @@ impl Admin {
                 let answers = self.ask_peers(&mut held, node).await;
                 let now = std::time::Instant::now();
                 held.last = Some((now, node.map(str::to_string), answers.clone()));
+                for (admin, answer) in &answers {
+                    if let Ok(r) = answer {
+                        held.known.insert(admin.clone(), r.instance.clone());
+                    }
+                }
                 answers
             }
         };
+        let known = held.known.clone();
         drop(held);
         let mut answers = vec![(self.name.clone(), local)];
         let mut taps = vec![TapAnswer {
             admin: self.name.clone(),
-            error: String::new(),
+            ..Default::default()
         }];
+        // This tap itself may be among its peers (a headless Service lists it too): the merge
+        // counts each tap once, by its instance.
         for (admin, answer) in asked {
             match answer {
-                // This tap itself, found among its peers (a headless Service lists it too).
-                Ok(r) if r.instance == self.instance => {}
                 Ok(r) => {
                     taps.push(TapAnswer {
                         admin: admin.clone(),
-                        error: String::new(),
+                        ..Default::default()
                     });
                     answers.push((admin, r));
                 }
-                Err(error) => taps.push(TapAnswer { admin, error }),
+                Err(error) => taps.push(TapAnswer {
+                    admin,
+                    error,
+                    ..Default::default()
+                }),
             }
         }
         let mut merged = crate::fanin::status(answers, taps);
+        once_silent(&mut merged.taps, &known);
         merged.instance = self.instance.clone();
         merged
     }
@@ -163,18 +213,50 @@ impl Admin {
     /// Asks every peer for its status report (of `node` only, when given), resolving them
     /// first when not resolved lately; each peer named, never left out.
     async fn ask_peers(&self, held: &mut Peers, node: Option<&str>) -> PeerAnswers {
-        use crate::api::v1::StatusRequest;
+        let request = crate::api::v1::StatusRequest {
+            node: node.unwrap_or("").to_string(),
+            resources: false,
+        };
+        self.ask_each(held, move |mut tap| {
+            let request = request.clone();
+            async move {
+                match tap.client.status(request).await {
+                    Ok(r) => Ok(r.into_inner()),
+                    // A peer that does not know the node answered: it has none.
+                    Err(e) if e.code() == tonic::Code::NotFound => Ok(Default::default()),
+                    Err(e) => Err(tap.failed(e)),
+                }
+            }
+        })
+        .await
+    }
+
+    /// Asks every peer with `call`, resolving them first when not resolved lately; each peer
+    /// named, never left out, its answer or why none in the CLI's words.
+    async fn ask_each<T, F, Fut>(
+        &self,
+        held: &mut Peers,
+        call: F,
+    ) -> Vec<(String, Result<T, String>)>
+    where
+        T: Send + 'static,
+        F: Fn(crate::fanin::AdminClient) -> Fut + Clone + Send + 'static,
+        Fut: std::future::Future<Output = Result<T, crate::fanin::AskError>> + Send + 'static,
+    {
         use crate::fanin::{AskError, Fleet};
         let fresh = (held.fleet.as_ref()).is_some_and(|(at, _)| at.elapsed() < RESOLVE_PEERS);
         if !fresh {
             // A name server that does not answer holds up no page for long.
             match tokio::time::timeout(PEER_TIMEOUT, Fleet::resolve(&self.peers)).await {
-                Ok(Ok(f)) => held.fleet = Some((std::time::Instant::now(), f)),
+                Ok(Ok(f)) => {
+                    let f = f.with_timeout(PEER_TIMEOUT);
+                    held.fleet = Some((std::time::Instant::now(), f));
+                }
                 Ok(Err(e)) => tracing::warn!(error = %e, "admin.peers: cannot resolve"),
                 Err(_) => tracing::warn!("admin.peers: no name resolved within {PEER_TIMEOUT:?}"),
             }
         }
-        let none = |why: String| -> PeerAnswers {
+        let none = |why: String| -> Vec<(String, Result<T, String>)> {
             (self.peers.iter())
                 .map(|p| {
                     let admin = p.clone();
@@ -187,25 +269,7 @@ impl Admin {
         let Some((_, fleet)) = held.fleet.as_mut() else {
             return none("its name did not resolve".into());
         };
-        let request = StatusRequest {
-            node: node.unwrap_or("").to_string(),
-            resources: false,
-        };
-        let ask = fleet.ask(move |mut tap| {
-            let request = request.clone();
-            async move {
-                let call = tap.client.status(request);
-                match tokio::time::timeout(PEER_TIMEOUT, call).await {
-                    Ok(Ok(r)) => Ok(r.into_inner()),
-                    // A peer that does not know the node answered: it has none.
-                    Ok(Err(e)) if e.code() == tonic::Code::NotFound => Ok(Default::default()),
-                    Ok(Err(e)) => Err(tap.failed(e)),
-                    Err(_) => Err(tap.failed(tonic::Status::unavailable(format!(
-                        "no answer within {PEER_TIMEOUT:?}"
-                    )))),
-                }
-            }
-        });
+        let ask = fleet.ask(call);
         // Each call is bounded; this bounds the dialling too (an address that drops packets
         // takes the whole connect timeout).
         match tokio::time::timeout(PEER_TIMEOUT * 4, ask).await {
@@ -217,6 +281,127 @@ impl Admin {
                 held.fleet = None;
                 none(format!("no answer within {:?}", PEER_TIMEOUT * 4))
             }
+        }
+    }
+
+    /// The tier's rollouts: this tap's and its peers', each asked for every node and merged
+    /// as the CLI merges them (each node once, as its newest push left it; a peer that did not
+    /// answer named in `taps`). This tap's own when it has no peers.
+    pub async fn tier_rollouts(
+        &self,
+        ask: &crate::api::v1::RolloutsRequest,
+    ) -> crate::api::v1::RolloutReport {
+        use crate::api::v1::TapAnswer;
+        if self.peers.is_empty() {
+            return self.rollouts(ask);
+        }
+        let every = crate::api::v1::RolloutsRequest {
+            every_node: true,
+            ..ask.clone()
+        };
+        let local = self.rollouts(&every);
+        let mut held = self.fleet.lock().await;
+        let asked = self.ask_each(&mut held, move |mut tap| {
+            let request = every.clone();
+            async move {
+                match tap.client.rollouts(request).await {
+                    Ok(r) => Ok(r.into_inner()),
+                    Err(e) => Err(tap.failed(e)),
+                }
+            }
+        });
+        let asked = asked.await;
+        let known = held.known.clone();
+        drop(held);
+        let mut answers = vec![(self.name.clone(), local)];
+        let mut taps = vec![TapAnswer {
+            admin: self.name.clone(),
+            ..Default::default()
+        }];
+        for (admin, answer) in asked {
+            match answer {
+                Ok(r) => {
+                    taps.push(TapAnswer {
+                        admin: admin.clone(),
+                        ..Default::default()
+                    });
+                    answers.push((admin, r));
+                }
+                Err(error) => taps.push(TapAnswer {
+                    admin,
+                    error,
+                    ..Default::default()
+                }),
+            }
+        }
+        let mut merged = crate::fanin::rollouts(answers, taps);
+        once_silent(&mut merged.taps, &known);
+        merged.instance = self.instance.clone();
+        merged
+    }
+
+    /// A node's recent verdicts, from the tap it is connected to (this one, or a peer asked
+    /// for its recent ones), and which tap that is.
+    pub async fn node_verdicts(&self, node: &str) -> NodeVerdicts {
+        let local = |tap: &str| NodeVerdicts {
+            tap: tap.to_string(),
+            verdicts: (self.watchers.recent().into_iter())
+                .filter(|e| e.node == node && e.kind().is_verdict())
+                .map(crate::views::watch::bounded)
+                .collect(),
+            error: String::new(),
+        };
+        if self.peers.is_empty() {
+            return local(&self.name);
+        }
+        let status = self.tier_status(Some(node)).await;
+        let Some(tap) = status.nodes.first().and_then(|n| n.taps.first()).cloned() else {
+            return local(&self.name);
+        };
+        if tap == self.name {
+            return local(&tap);
+        }
+        let request = crate::api::v1::WatchRequest {
+            node: node.replace(['*', '?'], "?"),
+            recent_only: true,
+            ..Default::default()
+        };
+        let asked = async {
+            let endpoint: crate::proxy::Endpoint = tap.parse().map_err(|e| format!("{e}"))?;
+            let mut client = crate::fanin::AdminClient::connect_to(&endpoint, &tap)
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut stream = (client.client.watch(request).await)
+                .map_err(|e| client.failed(e).to_string())?
+                .into_inner();
+            let mut verdicts = Vec::new();
+            while let Some(e) = stream
+                .message()
+                .await
+                .map_err(|e| client.failed(e).to_string())?
+            {
+                if e.node == node {
+                    verdicts.push(e);
+                }
+            }
+            Ok::<_, String>(verdicts)
+        };
+        let (verdicts, error) = match tokio::time::timeout(PEER_TIMEOUT, asked).await {
+            Ok(Ok(v)) => (v, String::new()),
+            Ok(Err(e)) => (Vec::new(), e),
+            Err(_) => (
+                Vec::new(),
+                crate::fanin::AskError::Silent {
+                    admin: tap.clone(),
+                    within: PEER_TIMEOUT,
+                }
+                .to_string(),
+            ),
+        };
+        NodeVerdicts {
+            tap,
+            verdicts,
+            error,
         }
     }
 
@@ -241,6 +426,7 @@ impl Admin {
     /// The rollouts `ask` asks for, each named by its trace when spans share one per version.
     pub fn rollouts(&self, ask: &crate::api::v1::RolloutsRequest) -> crate::api::v1::RolloutReport {
         let mut report = self.rollouts.report(crate::clock::now(), ask);
+        report.instance = self.instance.clone();
         if let Some(traces) = &self.traces {
             for r in &mut report.rollouts {
                 if let Some(id) = traces.of_version(&r.version) {
@@ -250,6 +436,17 @@ impl Admin {
         }
         report
     }
+}
+
+/// A node's recent verdicts as `/verdicts` gives them.
+#[derive(Debug, serde::Serialize)]
+pub struct NodeVerdicts {
+    /// The tap the node is connected to (or was last seen on), which gave them.
+    pub tap: String,
+    /// Its last verdicts there, oldest first.
+    pub verdicts: Vec<crate::api::v1::WatchEvent>,
+    /// Why that tap gave none (empty when it answered).
+    pub error: String,
 }
 
 /// Why an objects request cannot be answered.
@@ -405,8 +602,16 @@ async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Body> {
                 types: params(query, "type").collect(),
                 every_node: params(query, "every_node").any(|v| v == "true" || v == "1"),
             };
-            json(&admin.rollouts(&ask))
+            json(&admin.tier_rollouts(&ask).await)
         }
+        "/verdicts" => match node_param(req.uri().query()) {
+            Some(node) => json(&admin.node_verdicts(&node).await),
+            None => reply(
+                StatusCode::BAD_REQUEST,
+                "application/json",
+                "{\"error\":\"node: which node's verdicts\"}\n",
+            ),
+        },
         "/objects" => {
             let query = req.uri().query();
             let ask = crate::api::v1::ObjectsRequest {
@@ -425,11 +630,16 @@ async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Body> {
                 ),
             }
         }
-        "/metrics" => reply(
-            StatusCode::OK,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            crate::outputs::metrics::render(&admin.registry),
-        ),
+        "/metrics" => {
+            // The control plane's reachability as of this scrape, whether or not a client
+            // dialled it lately (the look reuses /readyz's kept connection: no dial while up).
+            let _ = admin.look_upstream().await;
+            reply(
+                StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                crate::outputs::metrics::render(&admin.registry),
+            )
+        }
         "/healthz" => reply(StatusCode::OK, "text/plain", "ok\n"),
         "/readyz"
             if admin
@@ -443,7 +653,7 @@ async fn handle(admin: &Admin, req: Request<Incoming>) -> Response<Body> {
                 "draining: shutting down, send new clients elsewhere\n",
             )
         }
-        "/readyz" => match admin.ready.check().await {
+        "/readyz" => match admin.look_upstream().await {
             Ok(()) => reply(StatusCode::OK, "text/plain", "ready\n"),
             Err(e) => reply(
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -42,7 +42,7 @@ pub const DEFAULT_EVENT_QUEUE: usize = 16_384;
 /// The largest message decoded unless told otherwise (bigger ones are forwarded and counted).
 pub const DEFAULT_DECODE_LIMIT: u64 = 256 << 20;
 /// Bytes forwarded and waiting to be observed unless told otherwise.
-pub const DEFAULT_OBSERVE_BACKLOG: u64 = 128 << 20;
+pub const DEFAULT_OBSERVE_BACKLOG: u64 = 2 << 20;
 
 /// Worker threads unless `--threads` says otherwise: one is the cheapest per byte.
 pub const DEFAULT_THREADS: usize = 1;

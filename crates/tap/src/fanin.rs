@@ -51,16 +51,44 @@ pub enum AskError {
         /// Why.
         reason: http::uri::InvalidUri,
     },
-    /// No connection.
-    #[error("cannot reach the tap's admin server at {admin}: {why}")]
+    /// Nothing listens at the address.
+    #[error("{admin}: refused (nothing listens there)")]
+    Refused {
+        /// The address.
+        admin: String,
+    },
+    /// Connected (or connecting), and no answer came in time.
+    #[error("{admin}: no answer within {} s", within.as_secs_f64())]
+    Silent {
+        /// The address.
+        admin: String,
+        /// How long it was given.
+        within: Duration,
+    },
+    /// Something answered, and it is no xdstap's admin API.
+    #[error("{admin}: not an xdstap ({what} answered)")]
+    NotTap {
+        /// The address.
+        admin: String,
+        /// What answered: `an HTTP/1 server`, `a gRPC server without xdstap's API`.
+        what: String,
+    },
+    /// A TLS server answered: the admin API is plain HTTP/2.
+    #[error("{admin}: TLS failure (it answered with TLS; a tap's admin API is plain HTTP/2)")]
+    Tls {
+        /// The address.
+        admin: String,
+    },
+    /// No connection, for another reason.
+    #[error("{admin}: cannot connect: {why}")]
     Connect {
         /// The address.
         admin: String,
-        /// The innermost cause (refused, no such file).
+        /// The innermost cause (no such file, a name that does not resolve).
         why: String,
     },
     /// The call failed.
-    #[error("the tap at {admin} answered: {}", status.message())]
+    #[error("{admin}: the tap answered: {}", status.message())]
     Call {
         /// The address.
         admin: String,
@@ -92,9 +120,21 @@ impl AdminClient {
             while let Some(inner) = why.source() {
                 why = inner;
             }
-            AskError::Connect {
-                admin: admin.into(),
-                why: why.to_string(),
+            let admin = admin.to_string();
+            match why.downcast_ref::<std::io::Error>().map(|e| e.kind()) {
+                Some(std::io::ErrorKind::ConnectionRefused) => AskError::Refused { admin },
+                Some(std::io::ErrorKind::TimedOut) => AskError::Silent {
+                    admin,
+                    within: CONNECT_TIMEOUT,
+                },
+                _ if why.to_string().contains("timed out") => AskError::Silent {
+                    admin,
+                    within: CONNECT_TIMEOUT,
+                },
+                _ => AskError::Connect {
+                    admin,
+                    why: why.to_string(),
+                },
             }
         };
         let channel = match endpoint {
@@ -124,13 +164,72 @@ impl AdminClient {
         })
     }
 
-    /// A failed call, as an error naming the tap.
+    /// A failed call, as an error naming the tap: a server that does not know the call is no
+    /// tap (a tap of another version names what it lacks in its message).
     pub fn failed(&self, status: tonic::Status) -> AskError {
-        AskError::Call {
-            admin: self.admin.clone(),
-            status,
+        let admin = self.admin.clone();
+        match status.code() {
+            tonic::Code::Unimplemented if !status.message().contains("xdstap") => {
+                AskError::NotTap {
+                    admin,
+                    what: "a gRPC server without xdstap's API".into(),
+                }
+            }
+            _ => AskError::Call { admin, status },
         }
     }
+}
+
+/// A call's failure that no tap's answer makes: the connection's (a protocol error, a reset).
+fn below_grpc(status: &tonic::Status) -> bool {
+    use std::error::Error;
+    status.source().is_some()
+        || matches!(status.code(), tonic::Code::Unknown | tonic::Code::Internal)
+}
+
+/// How long the probe of a peer that failed a call may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// What answers at `endpoint`, when a call failed below gRPC (a protocol error): it is sent
+/// HTTP/2's preface and what it says back is read. `None` when it speaks HTTP/2 (the call's
+/// own error says more).
+async fn probe(endpoint: &Endpoint, admin: &str) -> Option<AskError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let admin = admin.to_string();
+    let said = tokio::time::timeout(PROBE_TIMEOUT, async {
+        let mut io = crate::proxy::Connector::new(endpoint.clone(), None)
+            .dial(PROBE_TIMEOUT)
+            .await
+            .ok()?;
+        let mut hello = crate::proxy::PREFACE.to_vec();
+        hello.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+        io.write_all(&hello).await.ok()?;
+        let mut first = [0u8; 16];
+        let n = io.read(&mut first).await.ok()?;
+        Some(first[..n].to_vec())
+    })
+    .await;
+    let what = match said {
+        Err(_) => {
+            return Some(AskError::Silent {
+                admin,
+                within: PROBE_TIMEOUT,
+            })
+        }
+        Ok(None) => return None,
+        Ok(Some(b)) if b.is_empty() => "something that closed the connection",
+        Ok(Some(b)) if b.starts_with(b"HTTP/") => "an HTTP/1 server",
+        Ok(Some(b)) if matches!(b[..], [0x15 | 0x16, 0x03, ..]) => {
+            return Some(AskError::Tls { admin })
+        }
+        // A frame header: SETTINGS (type 4) is an HTTP/2 server's first word.
+        Ok(Some(b)) if b.len() >= 4 && b[3] == 4 => return None,
+        Ok(Some(_)) => "something that does not speak HTTP",
+    };
+    Some(AskError::NotTap {
+        admin,
+        what: what.into(),
+    })
 }
 
 /// Dials a Unix socket for tonic.
@@ -161,9 +260,14 @@ const LISTED: usize = 20;
 /// Example nodes per merged NACK group (as a tap gives them).
 const EXAMPLES: usize = 5;
 
+/// How long a tap is given to answer (connecting included) unless told otherwise.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The taps a command asks.
 pub struct Fleet {
     taps: Vec<Tap>,
+    /// How long each is given to answer.
+    timeout: Duration,
 }
 
 /// One tap: how it is named, where it is, and its connection once made.
@@ -229,7 +333,17 @@ impl Fleet {
                 reason: AddressError::NoPort,
             });
         }
-        Ok(Fleet { taps })
+        Ok(Fleet {
+            taps,
+            timeout: ANSWER_TIMEOUT,
+        })
+    }
+
+    /// Gives each tap `timeout` to answer (connecting included); past it, it is named as
+    /// giving no answer within it.
+    pub fn with_timeout(mut self, timeout: Duration) -> Fleet {
+        self.timeout = timeout;
+        self
     }
 
     /// How many taps it asks.
@@ -252,21 +366,50 @@ impl Fleet {
             let endpoint = tap.endpoint.clone();
             let client = tap.client.take();
             let call = call.clone();
+            let within = self.timeout;
             asks.spawn(async move {
-                let client = match (client, endpoint) {
-                    (Some(c), _) => c,
-                    (None, Ok(e)) => match AdminClient::connect_to(&e, &admin).await {
-                        Ok(c) => c,
-                        Err(e) => return (i, None, Err(e)),
-                    },
-                    (None, Err(why)) => return (i, None, Err(AskError::Connect { admin, why })),
+                let silent = |admin: &str| AskError::Silent {
+                    admin: admin.into(),
+                    within,
                 };
-                let answer = call(client.clone()).await;
-                let reachable = match &answer {
-                    Err(AskError::Call { status, .. }) => status.code() != tonic::Code::Unavailable,
-                    other => other.is_ok(),
+                let (to, at) = (endpoint.clone(), admin.clone());
+                let asked = tokio::time::timeout(within, async move {
+                    let (endpoint, admin) = (to, at);
+                    let client = match (client, &endpoint) {
+                        (Some(c), _) => c,
+                        (None, Ok(e)) => match AdminClient::connect_to(e, &admin).await {
+                            Ok(c) => c,
+                            Err(e) => return (None, Err(e)),
+                        },
+                        (None, Err(why)) => {
+                            let (admin, why) = (admin.clone(), why.clone());
+                            return (None, Err(AskError::Connect { admin, why }));
+                        }
+                    };
+                    let answer = call(client.clone()).await;
+                    let reachable = match &answer {
+                        Err(AskError::Call { status, .. }) => {
+                            status.code() != tonic::Code::Unavailable
+                        }
+                        other => other.is_ok(),
+                    };
+                    (reachable.then_some(client), answer)
+                });
+                let (client, answer) = match asked.await {
+                    Ok(done) => done,
+                    Err(_) => (None, Err(silent(&admin))),
                 };
-                (i, reachable.then_some(client), answer)
+                // A call that failed below gRPC: say what answered instead.
+                let answer = match (answer, &endpoint) {
+                    (Err(AskError::Call { status, admin }), Ok(e)) if below_grpc(&status) => {
+                        match probe(e, &admin).await {
+                            Some(said) => Err(said),
+                            None => Err(AskError::Call { status, admin }),
+                        }
+                    }
+                    (answer, _) => answer,
+                };
+                (i, client, answer)
             });
         }
         let mut answers: Vec<Option<Result<T, AskError>>> =
@@ -305,7 +448,7 @@ pub fn split<T>(answers: Vec<(String, Result<T, AskError>)>) -> Result<Answers<T
             Ok(t) => {
                 taps.push(TapAnswer {
                     admin: admin.clone(),
-                    error: String::new(),
+                    ..Default::default()
                 });
                 ok.push((admin, t));
             }
@@ -313,6 +456,7 @@ pub fn split<T>(answers: Vec<(String, Result<T, AskError>)>) -> Result<Answers<T
                 taps.push(TapAnswer {
                     admin,
                     error: e.to_string(),
+                    ..Default::default()
                 });
                 first.get_or_insert(e);
             }
@@ -327,6 +471,61 @@ pub fn split<T>(answers: Vec<(String, Result<T, AskError>)>) -> Result<Answers<T
     }
 }
 
+/// A report that names the tap process that made it.
+pub trait Instance {
+    /// The process's id (empty from a tap too old to say).
+    fn instance(&self) -> &str;
+}
+
+impl Instance for StatusReport {
+    fn instance(&self) -> &str {
+        &self.instance
+    }
+}
+
+impl Instance for RolloutReport {
+    fn instance(&self) -> &str {
+        &self.instance
+    }
+}
+
+impl Instance for crate::api::v1::ObjectReport {
+    fn instance(&self) -> &str {
+        &self.instance
+    }
+}
+
+/// Each tap once: answers from a tap already answered on another address (one tap named
+/// `localhost:9977` and `127.0.0.1:9977`) are dropped, and the address is listed with the
+/// first (`also`), its own entry gone from `taps`.
+pub fn once<T: Instance>(answers: Vec<(String, T)>, taps: &mut Vec<TapAnswer>) -> Vec<(String, T)> {
+    let mut first: HashMap<String, String> = HashMap::new();
+    let mut kept = Vec::with_capacity(answers.len());
+    for (admin, report) in answers {
+        let id = report.instance().to_string();
+        match first.get(&id) {
+            Some(at) if !id.is_empty() => {
+                if let Some(t) = taps.iter_mut().find(|t| &t.admin == at) {
+                    if t.admin != admin && !t.also.contains(&admin) {
+                        t.also.push(admin.clone());
+                    }
+                }
+                if let Some(i) = taps
+                    .iter()
+                    .position(|t| t.admin == admin && t.error.is_empty())
+                {
+                    taps.remove(i);
+                }
+            }
+            _ => {
+                first.insert(id, admin.clone());
+                kept.push((admin, report));
+            }
+        }
+    }
+    kept
+}
+
 /// Whether some tap asked did not answer.
 pub fn is_partial(taps: &[TapAnswer]) -> bool {
     taps.iter().any(|t| !t.error.is_empty())
@@ -335,7 +534,8 @@ pub fn is_partial(taps: &[TapAnswer]) -> bool {
 /// One status report of several taps'. A node one tap sees is as that tap says, named by it
 /// (`taps`); a node several see is one row: the view of its newest stream (a connected one
 /// first, then the latest seen), with the others' under `elsewhere`.
-pub fn status(answers: Vec<(String, StatusReport)>, taps: Vec<TapAnswer>) -> StatusReport {
+pub fn status(answers: Vec<(String, StatusReport)>, mut taps: Vec<TapAnswer>) -> StatusReport {
+    let answers = once(answers, &mut taps);
     let mut merged = StatusReport {
         taps,
         ..Default::default()
@@ -383,7 +583,8 @@ struct Version {
 
 /// One rollout report of several taps' (each asked with `every_node`): per type and version,
 /// the nodes counted once, each as its newest push left it.
-pub fn rollouts(answers: Vec<(String, RolloutReport)>, taps: Vec<TapAnswer>) -> RolloutReport {
+pub fn rollouts(answers: Vec<(String, RolloutReport)>, mut taps: Vec<TapAnswer>) -> RolloutReport {
+    let answers = once(answers, &mut taps);
     let mut merged = RolloutReport {
         taps,
         ..Default::default()
@@ -533,9 +734,10 @@ fn moved_on(all: &mut [Rollout]) {
 /// counts. `started_at` is the latest of the taps' starts.
 pub fn objects(
     answers: Vec<(String, crate::api::v1::ObjectReport)>,
-    taps: Vec<TapAnswer>,
+    mut taps: Vec<TapAnswer>,
 ) -> crate::api::v1::ObjectReport {
     use crate::api::v1::{ObjectReport, ObjectStatus};
+    let answers = once(answers, &mut taps);
     let mut merged = ObjectReport {
         taps,
         ..Default::default()

@@ -53,8 +53,6 @@ pub struct ObserverStats {
     pub streams_sotw: AtomicU64,
     /// Open Delta xDS streams.
     pub streams_delta: AtomicU64,
-    /// xDS streams no longer observed because the observer's backlog was full.
-    pub streams_unobserved: AtomicU64,
 }
 
 impl ObserverStats {
@@ -98,7 +96,7 @@ impl Observer {
         backlog: usize,
     ) -> std::io::Result<Self> {
         Ok(Observer {
-            offload: offload::Offload::start(stats.clone(), backlog)?,
+            offload: offload::Offload::start(backlog)?,
             events,
             stats,
             decode_limit,
@@ -119,6 +117,10 @@ impl Observer {
 }
 
 impl Observe for Observer {
+    fn backlog(&self) -> Option<Arc<crate::proxy::Backlog>> {
+        Some(self.offload.backlog())
+    }
+
     fn on_stream(&self, info: &StreamInfo<'_>) -> Box<dyn StreamObserver> {
         let Some(method) = Method::classify(info.path) else {
             return Box::new(Counting {
@@ -367,20 +369,6 @@ impl XdsStream {
                 .on_stream_end(self.grpc_status, &message, now, &mut self.pending);
             self.flush();
         }
-    }
-
-    /// The observer fell more than `backlog` bytes behind: the rest of the stream is forwarded
-    /// unobserved, and its open pushes are decided now.
-    fn unobserved(&mut self, backlog: usize, now: Timestamp) {
-        self.request.broken = true;
-        self.response.broken = true;
-        self.request.decoder = None;
-        self.response.decoder = None;
-        let message =
-            format!("not observed past here: the observer fell more than {backlog} bytes behind");
-        self.correlator
-            .on_stream_end(self.grpc_status, &message, now, &mut self.pending);
-        self.flush();
     }
 
     fn on_end(&mut self, end: &StreamEnd, now: Timestamp) {

@@ -103,41 +103,46 @@ pub struct StreamInfo<'a> {
     pub downstream: &'a str,
     /// Upstream address.
     pub upstream: &'a str,
-    /// The connection's bytes handed to observers and not yet observed.
-    pub backlog: &'a Arc<Backlog>,
+    /// What its observer has yet to observe: the connection's and the whole tap's.
+    pub backlog: &'a Backlogs,
 }
 
-/// One connection's bytes handed to its streams' observers and not yet observed (an observer
-/// that works on a thread of its own counts them in and out). Past [`Backlog::CAP`] the
-/// connection's relay reads nothing more, from either side, until the observer has caught up
-/// to half of it: a single message far bigger than the cap (a 100 MiB push) goes at the
-/// observer's pace rather than into memory, and no other connection waits for it.
-#[derive(Debug, Default)]
+/// Bytes handed to observers and not yet observed (an observer that works on a thread of its
+/// own counts them in and out), against a cap: past it, the relays counting on it read
+/// nothing more, from either side, until the observer has caught up half of it. A message far
+/// bigger than the cap (a 100 MiB push) goes at the observer's pace rather than into memory.
+#[derive(Debug)]
 pub struct Backlog {
     queued: std::sync::atomic::AtomicUsize,
+    cap: usize,
+    /// Relays waiting for room.
+    waiting: Mutex<Vec<std::task::Waker>>,
     parked: std::sync::atomic::AtomicBool,
-    waiting: Mutex<Option<std::task::Waker>>,
 }
 
 impl Backlog {
-    /// The most a connection's observers may be behind before it stops reading.
-    pub const CAP: usize = 8 << 20;
+    /// A backlog of at most `cap` bytes.
+    pub fn new(cap: usize) -> Self {
+        Backlog {
+            queued: Default::default(),
+            cap: cap.max(1),
+            waiting: Mutex::default(),
+            parked: Default::default(),
+        }
+    }
 
     /// `n` bytes handed over.
     pub fn add(&self, n: usize) {
         self.queued.fetch_add(n, Ordering::AcqRel);
     }
 
-    /// `n` bytes observed: a relay waiting for room reads again once half the cap is free.
+    /// `n` bytes observed: relays waiting for room read again once half the cap is free.
     pub fn observed(&self, n: usize) {
         let left = self.queued.fetch_sub(n, Ordering::AcqRel).saturating_sub(n);
-        if left <= Backlog::CAP / 2 && self.parked.swap(false, Ordering::AcqRel) {
-            let waker = self
-                .waiting
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take();
-            if let Some(w) = waker {
+        if left <= self.cap / 2 && self.parked.swap(false, Ordering::AcqRel) {
+            let waiting =
+                std::mem::take(&mut *self.waiting.lock().unwrap_or_else(|e| e.into_inner()));
+            for w in waiting {
                 w.wake();
             }
         }
@@ -148,19 +153,70 @@ impl Backlog {
         self.queued.load(Ordering::Acquire)
     }
 
-    /// Ready while the observers are less than the cap behind; else woken at half of it.
-    pub(crate) fn poll_room(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
-        if self.queued() < Backlog::CAP {
+    /// Ready while less than the cap waits; else pending, woken at half of it.
+    fn poll_room(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        if self.queued() < self.cap {
             return std::task::Poll::Ready(());
         }
-        *self.waiting.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
+        {
+            let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
+            if !waiting.iter().any(|w| w.will_wake(cx.waker())) {
+                waiting.push(cx.waker().clone());
+            }
+        }
         self.parked.store(true, Ordering::Release);
         // The observer may have caught up between the look and the parking.
-        if self.queued() <= Backlog::CAP / 2 {
-            self.parked.store(false, Ordering::Release);
+        if self.queued() <= self.cap / 2 {
             return std::task::Poll::Ready(());
         }
         std::task::Poll::Pending
+    }
+}
+
+/// A connection's backlog and the whole tap's, counted together.
+#[derive(Debug, Clone)]
+pub struct Backlogs {
+    /// This connection's: one connection's flood waits for itself.
+    pub connection: Arc<Backlog>,
+    /// The tap's, shared by every connection (the observer's): what observing may hold.
+    pub tap: Option<Arc<Backlog>>,
+}
+
+impl Backlogs {
+    /// The most one connection's observers may be behind before it stops reading.
+    pub const CONNECTION_CAP: usize = 512 << 10;
+
+    /// A new connection's, counting into the tap's `tap`.
+    pub fn new(tap: Option<Arc<Backlog>>) -> Self {
+        Backlogs {
+            connection: Arc::new(Backlog::new(Backlogs::CONNECTION_CAP)),
+            tap,
+        }
+    }
+
+    /// `n` bytes handed over.
+    pub fn add(&self, n: usize) {
+        self.connection.add(n);
+        if let Some(t) = &self.tap {
+            t.add(n);
+        }
+    }
+
+    /// `n` bytes observed.
+    pub fn observed(&self, n: usize) {
+        self.connection.observed(n);
+        if let Some(t) = &self.tap {
+            t.observed(n);
+        }
+    }
+
+    /// Ready while neither is full.
+    pub(crate) fn poll_room(&self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        std::task::ready!(self.connection.poll_room(cx));
+        match &self.tap {
+            Some(t) => t.poll_room(cx),
+            None => std::task::Poll::Ready(()),
+        }
     }
 }
 
@@ -195,6 +251,12 @@ pub enum StreamEnd {
 pub trait Observe: Send + Sync + 'static {
     /// Called once when a stream opens, before anything of it is forwarded.
     fn on_stream(&self, info: &StreamInfo<'_>) -> Box<dyn StreamObserver>;
+
+    /// The backlog every connection counts into, for an observer that works behind the relay
+    /// (none for one that works where the frame is read).
+    fn backlog(&self) -> Option<Arc<Backlog>> {
+        None
+    }
 }
 
 /// Sees one stream's traffic. Calls come from the forwarding task, so they must be quick and
@@ -247,8 +309,8 @@ pub struct ProxyStats {
     pub streams_total: AtomicU64,
     /// Streams open now (as observed).
     pub streams_active: AtomicU64,
-    /// Times a connection's relay paused reading because its observers were more than
-    /// [`Backlog::CAP`] behind.
+    /// Times a connection's relay paused reading because its observers were more than a
+    /// backlog's cap behind (the connection's, or the tap's).
     pub observer_waits: AtomicU64,
     /// Bytes relayed client to upstream.
     pub request_bytes: AtomicU64,
@@ -256,6 +318,9 @@ pub struct ProxyStats {
     pub response_bytes: AtomicU64,
     /// Failed upstream connection attempts.
     pub upstream_connect_errors: AtomicU64,
+    /// 1 when the control plane answered the tap's last dial (a client's, or the admin
+    /// server's look at it for `/readyz` and each scrape), 0 when it did not.
+    pub upstream_up: AtomicU64,
     /// Downstream connections that failed their TLS handshake.
     pub handshake_errors: AtomicU64,
     /// Connections closed because the client sent nothing within
@@ -544,8 +609,12 @@ async fn connection(
         return;
     };
     let upstream = match shared.connector.dial(timeout).await {
-        Ok(u) => u,
+        Ok(u) => {
+            stats.upstream_up.store(1, Ordering::Relaxed);
+            u
+        }
         Err(e) => {
+            stats.upstream_up.store(0, Ordering::Relaxed);
             // Closed before the tap says a byte of HTTP/2: to the client, a server it could not
             // reach, so its own connection backoff applies (docs/design.md, "An upstream the
             // tap cannot reach"). The reason goes to the log, the metrics and /readyz.

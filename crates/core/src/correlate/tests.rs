@@ -366,6 +366,41 @@ fn stream_end_leaves_pending_pushes_unanswered() {
     );
 }
 
+/// A push that crossed the client's reset (the tap saw the reset first): pushed all the same,
+/// and Unanswered at once by the stream's end, for SotW and Delta; nothing else happens after.
+#[test]
+fn a_push_after_the_streams_end_is_pushed_and_unanswered_by_that_end() {
+    for api in [Api::Sotw, Api::Delta] {
+        let mut c = correlator(api);
+        step(&mut c, |c, o| c.on_request(req(EDS, "", "", &["a"]), 0, o));
+        let e = step(&mut c, |c, o| {
+            c.on_stream_end(None, "reset by client (HTTP/2 Cancel)", 5, o)
+        });
+        assert!(matches!(&e[..], [Event::StreamEnd { .. }]), "{e:?}");
+        let e = step(&mut c, |c, o| {
+            c.on_response(resp(EDS, "v1", "n1", &[("a", 1)]), 6, o)
+        });
+        assert!(
+            matches!(&e[0], Event::Push { push, .. } if push.nonce == "n1"),
+            "{e:?}"
+        );
+        assert_eq!(verdicts(&e), vec![("n1".into(), "unanswered")], "{api:?}");
+        assert!(
+            matches!(&e[1], Event::Verdict { verdict: Verdict::Unanswered { grpc_status: None, message }, .. }
+            if message == "reset by client (HTTP/2 Cancel); the push crossed the stream's end"),
+            "{e:?}"
+        );
+        assert_eq!(e.len(), 2, "no second stream end: {e:?}");
+        let e = step(&mut c, |c, o| {
+            c.on_request(req(EDS, "v1", "n1", &["a"]), 7, o)
+        });
+        assert!(
+            e.is_empty(),
+            "an answer after the end counts for nothing: {e:?}"
+        );
+    }
+}
+
 #[test]
 fn delta_answers_each_nonce_and_blames_within_the_push() {
     let mut c = correlator(Api::Delta);

@@ -79,6 +79,13 @@ impl tap_server::Tap for TapApi {
                 "types: at most {MAX_TYPES}, each at most {MAX_PATTERN} characters"
             )));
         }
+        if filter.recent_only {
+            let node: Vec<char> = filter.node.chars().collect();
+            let recent = (self.0.watchers.recent().into_iter())
+                .filter(move |e| wanted(e, &filter, &node))
+                .map(|e| Ok(crate::views::watch::bounded(e)));
+            return Ok(Response::new(Box::pin(tokio_stream::iter(recent))));
+        }
         let Some(seat) = Seat::take(&self.0.seats) else {
             return Err(Status::resource_exhausted(format!(
                 "{MAX_WATCHERS} watchers already; try again when one ends"

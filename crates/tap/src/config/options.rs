@@ -56,8 +56,8 @@ pub struct Options {
     /// Largest xDS message decoded; larger ones are forwarded untouched and counted.
     #[arg(long, value_name = "SIZE", help_heading = "Observation")]
     pub decode_limit: Option<Size>,
-    /// Bytes forwarded and not yet observed; a stream whose bytes would pass it is forwarded
-    /// unobserved from there on, its open pushes decided and the stream counted.
+    /// Bytes forwarded and waiting for the observer's thread; past it, connections read no
+    /// more until it has caught up half of it (nothing goes unobserved).
     #[arg(long, value_name = "SIZE", help_heading = "Observation")]
     pub observe_backlog: Option<Size>,
     /// Append one JSON line per verdict (ack, nack, superseded, unanswered) to FILE [default: off].

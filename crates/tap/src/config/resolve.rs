@@ -36,7 +36,7 @@ pub struct Config {
     pub log_level: String,
     /// Largest message decoded, bytes.
     pub decode_limit: u64,
-    /// Bytes forwarded and waiting to be observed before a stream is no longer observed.
+    /// Bytes forwarded and waiting to be observed before connections wait for the observer.
     pub observe_backlog: u64,
     /// Runtime worker threads.
     pub threads: usize,

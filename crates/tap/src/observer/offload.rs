@@ -1,8 +1,8 @@
-//! The observer's own thread: the forwarding task hands each xDS stream's frames over (the
-//! chunk itself, shared, not copied, and the time it was read) and writes them on at once; the
-//! deframing, decoding and correlation run here, at a lower priority than forwarding, one
-//! stream's work in the order its bytes crossed the tap. So a busy machine's decoding falls
-//! behind the wire, never the wire behind the decoding.
+//! The observer's own thread: the forwarding task hands each xDS stream's frames over (a copy
+//! of each DATA chunk, and the time it was read) and writes them on at once; the deframing,
+//! decoding and correlation run here, at a lower priority than forwarding (as the binary sets
+//! it), one stream's work in the order its bytes crossed the tap. So a burst's decoding falls
+//! behind the wire, not the wire behind the decoding.
 //!
 //! ```text
 //!  forwarding task: read chunk ─> Handle::on_data ─(job)─> write chunk on
@@ -10,34 +10,33 @@
 //!  observer thread:                    └─> deframe ─> decode ─> correlate ─> event queue
 //! ```
 //!
-//! The backlog is bounded in bytes (`--observe-backlog`): a stream whose chunk would pass it is
-//! no longer observed, from that chunk to its end. Its correlator ends there, so every push
-//! it had open gets its verdict with that reason (unanswered: "not observed past ..."), the
-//! stream is counted (`xdstap_streams_unobserved_total`) and logged once; its bytes flow on
-//! as before. What waits in the backlog is the relay's own chunks, so the bound is also the
-//! most memory observing can hold beyond the streams' own state.
+//! What waits is bounded in bytes, twice ([`crate::proxy::Backlogs`]): a connection whose
+//! bytes are 512 KiB ahead of the observer, or any connection while the whole tap's are
+//! `--observe-backlog` (2 MiB) ahead, reads nothing more until the observer has caught up half
+//! of it. So nothing is dropped, a burst up to the bound costs forwarding nothing, and past it
+//! forwarding goes at the observer's pace. What waits is a copy of each chunk (a slice would
+//! hold the relay's whole read buffer), so the bound is also the most memory observing holds
+//! beyond the streams' own state.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use super::{ObserverStats, XdsStream};
+use super::XdsStream;
 use crate::clock::now;
 use crate::correlate::Timestamp;
-use crate::proxy::{Backlog, Direction, Headers, StreamEnd, StreamObserver};
+use crate::proxy::{Backlog, Backlogs, Direction, Headers, StreamEnd, StreamObserver};
 
 /// What the forwarding side hands the observer's thread.
 enum Job {
-    Open(u64, Box<XdsStream>, Arc<AtomicU64>, Arc<Backlog>),
+    Open(u64, Box<XdsStream>, Arc<AtomicU64>, Backlogs),
     Data(u64, Direction, Bytes, Timestamp),
     ResponseHeaders(u64, Headers),
     Trailers(u64, Direction, Headers, Timestamp),
     End(u64, StreamEnd, Timestamp),
-    /// The backlog was full: observation of the stream stops here.
-    Unobserved(u64, Timestamp),
     /// The forwarding task dropped the stream without an end (the tap stopping).
     Gone(u64),
     /// Answer once every job before this one is done.
@@ -46,11 +45,8 @@ enum Job {
 
 /// What the forwarding side and the thread share.
 struct Shared {
-    /// Bytes of chunks handed over and not yet observed.
-    queued: AtomicUsize,
-    /// The most `queued` may reach.
-    limit: usize,
-    stats: Arc<ObserverStats>,
+    /// Bytes handed over and not yet observed, over every connection.
+    backlog: Arc<Backlog>,
     hold: Hold,
 }
 
@@ -92,8 +88,8 @@ impl Gate {
         flush(&self.1).await;
     }
 
-    /// Until the guard is dropped, the observer's thread takes no job (forwarding goes on);
-    /// then it catches up, with the times the bytes were read.
+    /// Until the guard is dropped, the observer's thread takes no job (forwarding goes on,
+    /// up to the backlogs' bounds); then it catches up, with the times the bytes were read.
     pub fn hold(&self) -> Held {
         self.0.hold.set(true);
         Held(self.0.clone())
@@ -101,11 +97,11 @@ impl Gate {
 
     /// Bytes forwarded and not yet observed.
     pub fn backlog(&self) -> usize {
-        self.0.queued.load(Ordering::Relaxed)
+        self.0.backlog.queued()
     }
 }
 
-/// Until dropped, the observer's thread takes no job (forwarding goes on).
+/// Until dropped, the observer's thread takes no job.
 pub struct Held(Arc<Shared>);
 
 impl Drop for Held {
@@ -131,13 +127,11 @@ pub fn on_thread_start(f: fn()) {
 }
 
 impl Offload {
-    /// Starts the thread; at most `limit` bytes wait for it.
-    pub(super) fn start(stats: Arc<ObserverStats>, limit: usize) -> std::io::Result<Offload> {
+    /// Starts the thread; at most `limit` bytes of the whole tap's wait for it.
+    pub(super) fn start(limit: usize) -> std::io::Result<Offload> {
         let (jobs, mut rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
-            queued: AtomicUsize::new(0),
-            limit,
-            stats,
+            backlog: Arc::new(Backlog::new(limit)),
             hold: Hold::default(),
         });
         let worker = shared.clone();
@@ -152,29 +146,29 @@ impl Offload {
                     crate::queue::next(&mut rx, |r| r.try_recv(), |r| r.blocking_recv())
                 {
                     worker.hold.wait();
-                    run(job, &mut streams, &worker);
+                    run(job, &mut streams);
                 }
             })?;
         Ok(Offload { jobs, shared })
     }
 
-    /// The forwarding side's handle of `stream`, observed here.
-    pub(super) fn handle(&self, key: u64, stream: XdsStream, backlog: &Arc<Backlog>) -> Handle {
+    /// The forwarding side's handle of `stream`, observed here, counting into `backlog`.
+    pub(super) fn handle(&self, key: u64, stream: XdsStream, backlog: &Backlogs) -> Handle {
         let state = Arc::new(AtomicU64::new(0));
-        let (stream, connection) = (Box::new(stream), backlog.clone());
-        let _ = self
-            .jobs
-            .send(Job::Open(key, stream, state.clone(), connection));
+        let open = Job::Open(key, Box::new(stream), state.clone(), backlog.clone());
+        let _ = self.jobs.send(open);
         Handle {
             key,
-            connection: backlog.clone(),
+            backlog: backlog.clone(),
             jobs: self.jobs.clone(),
-            shared: self.shared.clone(),
             state,
             sent: 1,
-            unobserved: false,
-            ended: false,
         }
+    }
+
+    /// The whole tap's backlog, which every connection counts into.
+    pub(super) fn backlog(&self) -> Arc<Backlog> {
+        self.shared.backlog.clone()
     }
 
     /// Waits until every job handed over so far is done.
@@ -198,32 +192,29 @@ async fn flush(jobs: &mpsc::UnboundedSender<Job>) {
 /// One stream on the thread: its observer, and what the forwarding side reads of it.
 struct Entry {
     stream: Box<XdsStream>,
-    /// Its connection's backlog.
-    connection: Arc<Backlog>,
+    /// Its connection's backlog and the tap's.
+    backlog: Backlogs,
     /// Jobs done << 1 | settled.
     state: Arc<AtomicU64>,
     done: u64,
 }
 
-fn run(job: Job, streams: &mut HashMap<u64, Entry>, shared: &Shared) {
+fn run(job: Job, streams: &mut HashMap<u64, Entry>) {
     let (key, done) = match job {
-        Job::Open(key, stream, state, connection) => {
-            streams.insert(
-                key,
-                Entry {
-                    stream,
-                    connection,
-                    state,
-                    done: 0,
-                },
-            );
+        Job::Open(key, stream, state, backlog) => {
+            let entry = Entry {
+                stream,
+                backlog,
+                state,
+                done: 0,
+            };
+            streams.insert(key, entry);
             (key, false)
         }
         Job::Data(key, direction, chunk, at) => {
-            shared.queued.fetch_sub(chunk.len(), Ordering::Relaxed);
             if let Some(e) = streams.get_mut(&key) {
                 e.stream.on_data(direction, &chunk, at);
-                e.connection.observed(chunk.len());
+                e.backlog.observed(chunk.len());
             }
             (key, false)
         }
@@ -239,17 +230,13 @@ fn run(job: Job, streams: &mut HashMap<u64, Entry>, shared: &Shared) {
             }
             (key, false)
         }
-        Job::Unobserved(key, at) => {
-            if let Some(e) = streams.get_mut(&key) {
-                e.stream.unobserved(shared.limit, at);
-            }
-            (key, false)
-        }
+        // Kept until the forwarding side lets go of it: a push that crossed the client's
+        // reset still comes to it.
         Job::End(key, end, at) => {
             if let Some(e) = streams.get_mut(&key) {
                 e.stream.on_end(&end, at);
             }
-            (key, true)
+            (key, false)
         }
         Job::Gone(key) => (key, true),
         Job::Flush(done) => {
@@ -269,15 +256,12 @@ fn run(job: Job, streams: &mut HashMap<u64, Entry>, shared: &Shared) {
 /// The forwarding side of one xDS stream: hands each call over and returns.
 pub(super) struct Handle {
     key: u64,
-    /// The connection's backlog: its relay stops reading when it is full.
-    connection: Arc<Backlog>,
+    /// The connection's backlog and the tap's: its relay stops reading when one is full.
+    backlog: Backlogs,
     jobs: mpsc::UnboundedSender<Job>,
-    shared: Arc<Shared>,
     state: Arc<AtomicU64>,
-    /// Jobs handed over, [`Job::Open`] included, ends not.
+    /// Jobs handed over, [`Job::Open`] included.
     sent: u64,
-    unobserved: bool,
-    ended: bool,
 }
 
 impl Handle {
@@ -289,44 +273,22 @@ impl Handle {
 
 impl StreamObserver for Handle {
     fn on_data(&mut self, direction: Direction, chunk: &Bytes) {
-        if self.unobserved {
-            return;
-        }
-        let n = chunk.len();
-        let queued = self.shared.queued.fetch_add(n, Ordering::Relaxed);
-        if queued + n > self.shared.limit {
-            self.shared.queued.fetch_sub(n, Ordering::Relaxed);
-            self.unobserved = true;
-            let stats = &self.shared.stats;
-            stats.streams_unobserved.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(
-                stream = self.key,
-                backlog = self.shared.limit,
-                "The observer is behind by more than its backlog: this stream is forwarded, \
-                 not observed, from here to its end"
-            );
-            self.send(Job::Unobserved(self.key, now()));
-            return;
-        }
-        self.connection.add(n);
-        self.send(Job::Data(self.key, direction, chunk.clone(), now()));
+        self.backlog.add(chunk.len());
+        // A copy: a slice would hold the relay's whole read buffer while it waits.
+        let copy = Bytes::copy_from_slice(chunk);
+        self.send(Job::Data(self.key, direction, copy, now()));
     }
 
     fn on_response_headers(&mut self, headers: &Headers) {
-        if !self.unobserved {
-            self.send(Job::ResponseHeaders(self.key, headers.clone()));
-        }
+        self.send(Job::ResponseHeaders(self.key, headers.clone()));
     }
 
     fn on_trailers(&mut self, direction: Direction, trailers: &Headers) {
-        if !self.unobserved {
-            self.send(Job::Trailers(self.key, direction, trailers.clone(), now()));
-        }
+        self.send(Job::Trailers(self.key, direction, trailers.clone(), now()));
     }
 
     fn on_end(&mut self, end: &StreamEnd) {
-        self.ended = true;
-        let _ = self.jobs.send(Job::End(self.key, end.clone(), now()));
+        self.send(Job::End(self.key, end.clone(), now()));
     }
 
     fn settled(&self) -> bool {
@@ -337,8 +299,6 @@ impl StreamObserver for Handle {
 
 impl Drop for Handle {
     fn drop(&mut self) {
-        if !self.ended {
-            let _ = self.jobs.send(Job::Gone(self.key));
-        }
+        let _ = self.jobs.send(Job::Gone(self.key));
     }
 }

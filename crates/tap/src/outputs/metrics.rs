@@ -181,6 +181,13 @@ impl Sources {
                 counter(&p.upstream_connect_errors),
             ),
             one(
+                "xdstap_upstream_up",
+                "1 when the control plane answered the tap's last dial (a client's, or its look \
+                 at each scrape and /readyz), 0 when it did not.",
+                G,
+                counter(&p.upstream_up),
+            ),
+            one(
                 "xdstap_handshake_errors",
                 "Client connections that failed the TLS or HTTP/2 handshake.",
                 C,
@@ -206,7 +213,7 @@ impl Sources {
             ),
             one(
                 "xdstap_observer_waits",
-                "Times a connection paused reading because its observers were 8 MiB behind.",
+                "Times a connection paused reading because the observer was a backlog behind.",
                 C,
                 counter(&p.observer_waits),
             ),
@@ -284,12 +291,6 @@ impl Sources {
                 "Times a bound of the object reader left part of a resource's metadata out (its \
                  objects may be incomplete).",
                 &t.origins_cut,
-            ),
-            (
-                "xdstap_streams_unobserved",
-                "xDS streams forwarded unobserved from some point on: the observer's backlog \
-                 (--observe-backlog) was full.",
-                &t.streams_unobserved,
             ),
             (
                 "xdstap_dropped_events",

@@ -18,6 +18,9 @@ use super::{Direction, Observe, ProxyStats, Side, StreamEnd, StreamInfo, StreamO
 pub const MAX_HEADER_BLOCK: usize = 64 << 10;
 /// Streams observed at once per connection; past it observation of the connection stops.
 pub const MAX_STREAMS: usize = 16_384;
+/// Streams the client reset whose observers still see what the control plane sent before it
+/// learnt of the reset (a push crossing the reset on the wire), per connection at most.
+const CROSSING: usize = 16;
 
 /// One observed stream.
 struct Stream {
@@ -39,7 +42,11 @@ struct Streams {
     peer: String,
     upstream: String,
     /// What the streams' observers have yet to observe.
-    backlog: Arc<super::Backlog>,
+    backlog: super::Backlogs,
+    /// Streams the client reset, newest last: their ended observers still see the control
+    /// plane's DATA that crossed the reset, until the control plane ends its half or
+    /// [`CROSSING`] newer ones take their place.
+    crossing: std::collections::VecDeque<(StreamId, Stream)>,
 }
 
 /// Why observation cannot go on: a metric label and words for humans.
@@ -102,7 +109,30 @@ impl Streams {
     fn data(&mut self, direction: Direction, stream: StreamId, data: &Bytes) {
         if let Some(s) = self.open.get_mut(&stream) {
             s.observer.on_data(direction, data);
+        } else if direction == Direction::Response {
+            if let Some((_, s)) = self.crossing.iter_mut().find(|(id, _)| *id == stream) {
+                s.observer.on_data(direction, data);
+            }
         }
+    }
+
+    /// The client reset `stream`: it ends, and what the control plane sent before it learnt
+    /// of the reset is still shown to its observer (a push that crossed the reset is a push).
+    fn reset_by_client(&mut self, stream: StreamId, how: &StreamEnd) {
+        if let Some(mut s) = self.open.remove(&stream) {
+            s.observer.on_end(how);
+            ProxyStats::sub(&self.stats.streams_active, 1);
+            if self.crossing.len() == CROSSING {
+                self.crossing.pop_front();
+            }
+            self.crossing.push_back((stream, s));
+        }
+    }
+
+    /// The control plane ended its half of a stream the client had reset: nothing more of it
+    /// can come.
+    fn crossed(&mut self, stream: StreamId) {
+        self.crossing.retain(|(id, _)| *id != stream);
     }
 
     /// One half ended; both ended is the stream's end.
@@ -144,6 +174,7 @@ impl Streams {
             s.observer.on_end(how);
             ProxyStats::sub(&self.stats.streams_active, 1);
         }
+        self.crossing.clear();
     }
 }
 
@@ -190,6 +221,7 @@ impl ConnectionReader {
         peer: String,
         upstream: String,
     ) -> ConnectionReader {
+        let observer_backlog = observer.backlog();
         ConnectionReader {
             readers: [
                 FrameReader::new(true, MAX_HEADER_BLOCK),
@@ -204,7 +236,8 @@ impl ConnectionReader {
                 last_client_stream: StreamId(0),
                 peer,
                 upstream,
-                backlog: Arc::default(),
+                backlog: super::Backlogs::new(observer_backlog),
+                crossing: std::collections::VecDeque::new(),
             },
             stopped: None,
             drain: Drain::No,
@@ -352,6 +385,10 @@ fn on_frame(
     let d = index(direction);
     match frame {
         Frame::Data { stream, data } => streams.data(direction, stream, &data),
+        Frame::EndStream { stream } if direction == Direction::Response => {
+            streams.crossed(stream);
+            streams.half_ended(direction, stream)
+        }
         Frame::EndStream { stream } => streams.half_ended(direction, stream),
         Frame::HeaderBlock {
             stream,
@@ -373,7 +410,13 @@ fn on_frame(
                 by: side(direction),
                 reason: code,
             };
-            streams.end(stream, &how);
+            match direction {
+                Direction::Request => streams.reset_by_client(stream, &how),
+                Direction::Response => {
+                    streams.crossed(stream);
+                    streams.end(stream, &how)
+                }
+            }
         }
         // The sender's setting governs the blocks sent to it: the other direction's.
         Frame::Settings {

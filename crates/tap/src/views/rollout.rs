@@ -323,7 +323,7 @@ impl Rollouts {
             rollouts: (all.into_iter())
                 .map(|r| r.status(&book, now, listed, ask.every_node))
                 .collect(),
-            taps: Vec::new(),
+            ..Default::default()
         }
     }
 }

@@ -1,5 +1,6 @@
 // The tap's live page: the fleet's sync state, objects, rollouts and verdicts as they come.
-// Reads only the tap's own /status, /objects, /rollouts and /events; every string from the network goes into the
+// Reads only the tap's own /status, /objects, /rollouts, /verdicts and /events (in a tier the first
+// four answer for the tier, /events for this tap); every string from the network goes into the
 // page as text (textContent), never as markup.
 "use strict";
 
@@ -23,6 +24,9 @@ let objectView = null;
 let verdicts = [];
 const open = new Set();
 const resources = new Map();
+// In a tier: each open node's recent verdicts as the tap it is connected to has them.
+const nodeVerdicts = new Map();
+const tier = () => !!(status && (status.taps || []).length);
 
 const $ = (id) => document.getElementById(id);
 
@@ -200,12 +204,18 @@ function objectDetail(s) {
 function renderScope() {
   const taps = status.taps || [];
   const missing = taps.filter((t) => t.error);
+  const named = (t) => t.admin + ((t.also || []).length ? " (also " + t.also.join(", ") + ")" : "");
   $("scope").textContent = taps.length
-    ? "The tier: " + (taps.length - missing.length) + " of " + taps.length + " taps answered; each node once, with the tap it is connected to."
+    ? "The tier: " + (taps.length - missing.length) + " of " + taps.length + " taps answered (" +
+      taps.filter((t) => !t.error).map(named).join("; ") + "); each node once, with the tap it is connected to."
     : "This tap only: the clients connected to it (admin.peers makes the page show the whole tier).";
+  // What the tier's answers cover, and what stays this tap's own, in the headings.
+  $("rollouts-heading").textContent = taps.length ? "Rollouts, the tier's" : "Rollouts";
+  $("feed-heading").textContent = taps.length ? "Verdicts as they come, this tap's clients only" : "Verdicts as they come";
   const list = $("missing-taps");
   list.replaceChildren();
-  for (const t of missing) list.append(el("li", { class: "missing", "data-tap": t.admin, text: "not answering: " + t.admin + " (" + t.error + ")" }));
+  // The error names the tap, in the CLI's words.
+  for (const t of missing) list.append(el("li", { class: "missing", "data-tap": t.admin, text: "not answering: " + t.error }));
 }
 
 function renderFleet() {
@@ -246,8 +256,19 @@ function toggle(id) {
   else {
     open.add(id);
     loadResources(id);
+    loadVerdicts(id);
   }
   renderFleet();
+}
+
+async function loadVerdicts(id) {
+  if (!tier()) return;
+  try {
+    const r = await fetch("/verdicts?node=" + encodeURIComponent(id));
+    if (!r.ok) return;
+    nodeVerdicts.set(id, await r.json());
+    renderFleet();
+  } catch (_) { /* the link state says it */ }
 }
 
 async function loadResources(id) {
@@ -274,9 +295,12 @@ function detail(n) {
         ? "made from: " + nack.objects.map((o) => objectLabel(o) + " (" + objectCommand(o) + ")").join("; ")
         : "no object named in the resources' metadata" })));
   }
-  const mine = verdicts.filter((v) => v.node === n.id).slice(0, 20);
-  box.append(el("h3", { text: "recent verdicts" }));
-  if (!mine.length) box.append(el("p", { class: "muted", text: "none since the page opened or in the tap's recent ones" }));
+  // In a tier, from the tap the node is connected to; otherwise this tap's feed.
+  const theirs = tier() ? nodeVerdicts.get(n.id) : null;
+  const mine = theirs ? theirs.verdicts.slice().reverse().slice(0, 20) : verdicts.filter((v) => v.node === n.id).slice(0, 20);
+  box.append(el("h3", { text: theirs ? "recent verdicts, from its tap " + theirs.tap : "recent verdicts" }));
+  if (theirs && theirs.error) box.append(el("p", { class: "missing", text: "its tap gave none: " + theirs.error }));
+  else if (!mine.length) box.append(el("p", { class: "muted", text: "none since the page opened or in the tap's recent ones" }));
   else {
     const list = el("ul");
     for (const v of mine) list.append(el("li", {}, verdictLine(v)));
@@ -434,7 +458,7 @@ async function refresh() {
     renderRollouts();
     renderObjectTable();
     if (openObject) loadObject(openObject);
-    for (const id of open) loadResources(id);
+    for (const id of open) { loadResources(id); loadVerdicts(id); }
   } catch (e) {
     linkState(false, "lost the tap (" + e.message + "); trying again");
   }

@@ -18,7 +18,6 @@ const ALLOW_THP: libmimalloc_sys::mi_option_t = 43;
 
 fn main() -> ExitCode {
     give_back_freed_pages();
-    xdstap::on_observer_thread_start(observe_at_lower_priority);
     xdstap_cli::main()
 }
 
@@ -41,21 +40,6 @@ fn give_back_freed_pages() {
     // SAFETY: PR_SET_THP_DISABLE takes plain integers and changes only this process's flag.
     unsafe {
         libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0);
-    }
-}
-
-/// How much lower than forwarding the observer's thread runs (a nice value).
-const OBSERVER_NICE: libc::c_int = 5;
-
-/// Observing is the lesser job: under load the scheduler gives forwarding the core first. On
-/// Linux a thread has a nice value of its own.
-#[allow(unsafe_code)] // the library forbids it; two FFI calls, with their SAFETY note
-fn observe_at_lower_priority() {
-    // SAFETY: gettid and setpriority take and return plain integers and change only this
-    // thread's nice value; a failure leaves it at the process's, only slower to shed load.
-    unsafe {
-        let tid = libc::gettid() as libc::id_t;
-        libc::setpriority(libc::PRIO_PROCESS, tid, OBSERVER_NICE);
     }
 }
 

@@ -129,7 +129,7 @@ pub use server::{run, Running, Server};
 pub use xdstap_core as core;
 
 pub use clock::{now, parse_rfc3339, rfc3339};
-pub use observer::{on_thread_start as on_observer_thread_start, Gate, Held, ObserverStats};
+pub use observer::{Gate, Held, ObserverStats};
 pub use outputs::spans::SpanStats;
 pub use outputs::{Recorded, Recorder};
 pub use queue::{Delivered, Sink};

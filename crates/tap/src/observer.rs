@@ -6,7 +6,7 @@
 
 mod offload;
 
-pub use offload::{on_thread_start, Gate, Held};
+pub use offload::{Gate, Held};
 
 use crate::clock::now;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -68,29 +68,36 @@ impl<'a> Delivered<'a> {
     }
 }
 
-/// While events keep coming, the sinks' thread takes them in batches a millisecond apart
-/// rather than being woken for each (a wake-up is a futex call and two context switches, more
-/// than most events cost); after this many empty looks it waits to be woken again.
-const LINGER_ROUNDS: u32 = 10;
+/// While items keep coming, a consumer thread takes them in batches a nap apart rather than
+/// being woken for each (a wake-up is a futex call and two context switches, more than most
+/// items cost): the sinks' naps are a millisecond, the observer's 200 µs (a relay may be
+/// waiting for it). After 10 ms of empty looks it waits to be woken again.
+pub(crate) struct Linger {
+    /// Between two looks at an empty queue.
+    pub nap: std::time::Duration,
+}
 
-/// The next item of a queue whose consumer is a thread of its own (the sinks', the
-/// observer's): at once when one is there, else after short naps while the queue has been
-/// busy lately, else when a sender wakes the thread.
-pub(crate) fn next<R, T>(
-    rx: &mut R,
-    try_recv: impl Fn(&mut R) -> Result<T, mpsc::error::TryRecvError>,
-    blocking_recv: impl FnOnce(&mut R) -> Option<T>,
-) -> Option<T> {
-    for _ in 0..LINGER_ROUNDS {
-        match try_recv(rx) {
-            Ok(q) => return Some(q),
-            Err(mpsc::error::TryRecvError::Disconnected) => return None,
-            Err(mpsc::error::TryRecvError::Empty) => {
-                std::thread::sleep(std::time::Duration::from_millis(1))
+impl Linger {
+    /// The next item of a queue whose consumer is a thread of its own: at once when one is
+    /// there, else after short naps while the queue has been busy lately, else when a sender
+    /// wakes the thread.
+    pub(crate) fn next<R, T>(
+        &self,
+        rx: &mut R,
+        try_recv: impl Fn(&mut R) -> Result<T, mpsc::error::TryRecvError>,
+        blocking_recv: impl FnOnce(&mut R) -> Option<T>,
+    ) -> Option<T> {
+        let rounds =
+            (std::time::Duration::from_millis(10).as_micros() / self.nap.as_micros().max(1)).max(1);
+        for _ in 0..rounds {
+            match try_recv(rx) {
+                Ok(q) => return Some(q),
+                Err(mpsc::error::TryRecvError::Disconnected) => return None,
+                Err(mpsc::error::TryRecvError::Empty) => std::thread::sleep(self.nap),
             }
         }
+        blocking_recv(rx)
     }
-    blocking_recv(rx)
 }
 
 /// The sinks at work: a thread of their own draining the bounded event queue, so that they
@@ -113,8 +120,11 @@ impl Sinks {
         std::thread::Builder::new()
             .name("xdstap-sinks".into())
             .spawn(move || {
+                let linger = Linger {
+                    nap: std::time::Duration::from_millis(1),
+                };
                 while let Some(Queued::Event(event)) =
-                    next(&mut rx, |r| r.try_recv(), |r| r.blocking_recv())
+                    linger.next(&mut rx, |r| r.try_recv(), |r| r.blocking_recv())
                 {
                     let delivered = Delivered::new(&event);
                     for sink in sinks.iter_mut() {

@@ -1,8 +1,8 @@
-//! The observer's own thread: the forwarding task hands each xDS stream's frames over (a copy
-//! of each DATA chunk, and the time it was read) and writes them on at once; the deframing,
-//! decoding and correlation run here, at a lower priority than forwarding (as the binary sets
-//! it), one stream's work in the order its bytes crossed the tap. So a burst's decoding falls
-//! behind the wire, not the wire behind the decoding.
+//! The observer's own thread: the forwarding task hands each xDS stream's frames over (each
+//! DATA payload, and the time it was read) and writes them on
+//! at once; the deframing, decoding and correlation run here, one stream's work in the order
+//! its bytes crossed the tap. So a burst's decoding falls behind the wire, not the wire behind
+//! the decoding, and the decoding has a core of its own where the machine has one.
 //!
 //! ```text
 //!  forwarding task: read chunk ─> Handle::on_data ─(job)─> write chunk on
@@ -14,9 +14,11 @@
 //! bytes are 512 KiB ahead of the observer, or any connection while the whole tap's are
 //! `--observe-backlog` (2 MiB) ahead, reads nothing more until the observer has caught up half
 //! of it. So nothing is dropped, a burst up to the bound costs forwarding nothing, and past it
-//! forwarding goes at the observer's pace. What waits is a copy of each chunk (a slice would
-//! hold the relay's whole read buffer), so the bound is also the most memory observing holds
-//! beyond the streams' own state.
+//! forwarding goes at the observer's pace. The thread runs at the forwarding's priority: a
+//! lower one made forwarding, once it waits for the thread, wait longer (measured in
+//! docs/performance.md). It is handed slices of the relay's reads while the tap's backlog is
+//! under one connection's bound, and copies past it (a storm), so that what waits then holds
+//! no read buffers and the bounds are the memory observing holds beyond the streams' state.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -116,16 +118,6 @@ pub(super) struct Offload {
     shared: Arc<Shared>,
 }
 
-/// What the observer's thread runs first, set once by the binary (see [`on_thread_start`]).
-static THREAD_START: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
-
-/// Sets what the observer's thread runs as it starts: the binary lowers its priority there
-/// (the library makes no FFI calls), so that under load the scheduler gives forwarding the
-/// core first. Only the first call counts.
-pub fn on_thread_start(f: fn()) {
-    let _ = THREAD_START.set(f);
-}
-
 impl Offload {
     /// Starts the thread; at most `limit` bytes of the whole tap's wait for it.
     pub(super) fn start(limit: usize) -> std::io::Result<Offload> {
@@ -138,12 +130,12 @@ impl Offload {
         std::thread::Builder::new()
             .name("xdstap-observe".into())
             .spawn(move || {
-                if let Some(start) = THREAD_START.get() {
-                    start();
-                }
                 let mut streams = HashMap::new();
-                while let Some(job) =
-                    crate::queue::next(&mut rx, |r| r.try_recv(), |r| r.blocking_recv())
+                // Short naps: a relay that waits for this thread waits for the nap too.
+                let linger = crate::queue::Linger {
+                    nap: std::time::Duration::from_micros(200),
+                };
+                while let Some(job) = linger.next(&mut rx, |r| r.try_recv(), |r| r.blocking_recv())
                 {
                     worker.hold.wait();
                     run(job, &mut streams);
@@ -273,10 +265,16 @@ impl Handle {
 
 impl StreamObserver for Handle {
     fn on_data(&mut self, direction: Direction, chunk: &Bytes) {
+        // A slice of the relay's read while few connections wait for the observer (each
+        // holds a read buffer or two); a copy once the tap's backlog passes one connection's
+        // bound (a storm), so that what waits holds no read buffers.
+        let behind = self.backlog.tap.as_ref().map_or(0, |t| t.queued());
+        let data = match behind < Backlogs::CONNECTION_CAP {
+            true => chunk.clone(),
+            false => Bytes::copy_from_slice(chunk),
+        };
         self.backlog.add(chunk.len());
-        // A copy: a slice would hold the relay's whole read buffer while it waits.
-        let copy = Bytes::copy_from_slice(chunk);
-        self.send(Job::Data(self.key, direction, copy, now()));
+        self.send(Job::Data(self.key, direction, data, now()));
     }
 
     fn on_response_headers(&mut self, headers: &Headers) {

@@ -3,8 +3,9 @@
 
 use envoy_types::pb::envoy::config::cluster::v3::{cluster, Cluster};
 use envoy_types::pb::envoy::config::core::v3::{
-    address, config_source, data_source, socket_address, Address, AggregatedConfigSource,
-    ApiVersion, ConfigSource, DataSource, SocketAddress,
+    address, api_config_source, config_source, data_source, grpc_service, socket_address, Address,
+    AggregatedConfigSource, ApiConfigSource, ApiVersion, ConfigSource, DataSource, GrpcService,
+    SocketAddress,
 };
 use envoy_types::pb::envoy::config::endpoint::v3::{
     lb_endpoint, ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
@@ -77,6 +78,42 @@ pub fn cluster(name: &str, connect_timeout_ms: i64) -> (String, Any) {
         }),
         ..Default::default()
     };
+    (name.into(), any(&c))
+}
+
+/// An EDS cluster whose endpoints come over a per-type stream of their own (SotW `GRPC` or
+/// `DELTA_GRPC`) to the bootstrap's cluster `xds`: Envoy opens the stream when the cluster is
+/// added and resets it when the cluster is removed.
+pub fn per_type_cluster(name: &str, delta: bool) -> (String, Any) {
+    let mut c = Cluster::decode(&*cluster(name, 1000).1.value).unwrap();
+    let api_type = match delta {
+        true => api_config_source::ApiType::DeltaGrpc,
+        false => api_config_source::ApiType::Grpc,
+    };
+    let source = ApiConfigSource {
+        api_type: api_type as i32,
+        transport_api_version: ApiVersion::V3 as i32,
+        grpc_services: vec![GrpcService {
+            target_specifier: Some(grpc_service::TargetSpecifier::EnvoyGrpc(
+                grpc_service::EnvoyGrpc {
+                    cluster_name: "xds".into(),
+                    ..Default::default()
+                },
+            )),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    c.eds_cluster_config = Some(cluster::EdsClusterConfig {
+        eds_config: Some(ConfigSource {
+            config_source_specifier: Some(config_source::ConfigSourceSpecifier::ApiConfigSource(
+                source,
+            )),
+            resource_api_version: ApiVersion::V3 as i32,
+            ..Default::default()
+        }),
+        service_name: String::new(),
+    });
     (name.into(), any(&c))
 }
 

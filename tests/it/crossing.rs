@@ -99,6 +99,28 @@ async fn crossing_upstream(listener: TcpListener, delta: bool) {
     tokio::spawn(async move { while s.read(&mut chunk).await.is_ok_and(|n| n > 0) {} });
 }
 
+/// A tap from `upstream` writing its event log to `log`, with `extra` flags.
+async fn logging_tap(
+    upstream: &str,
+    log: &std::path::Path,
+    extra: &[&str],
+) -> support::tap::XdsTap {
+    let log = log.display().to_string();
+    let mut flags = vec!["--listen", "127.0.0.1:0", "--upstream", upstream];
+    flags.extend(["--admin", "off", "--event-log", &log]);
+    flags.extend_from_slice(extra);
+    support::tap::XdsTap::with_flags(&flags).await
+}
+
+/// The event log's line for the push `nonce`.
+fn log_line(log: &std::path::Path, nonce: &str) -> serde_json::Value {
+    let lines = std::fs::read_to_string(log).unwrap();
+    (lines.lines())
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|l| l["nonce"] == nonce)
+        .unwrap_or_else(|| panic!("no line for the push {nonce}: {lines}"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_that_crosses_the_clients_reset_is_recorded_as_unanswered() {
     for delta in [false, true] {
@@ -107,18 +129,7 @@ async fn a_push_that_crosses_the_clients_reset_is_recorded_as_unanswered() {
         let server = tokio::spawn(crossing_upstream(listener, delta));
         let dir = support::TempDir::new("crossing");
         let log = dir.path().join("events.jsonl");
-        let log_flag = log.display().to_string();
-        let flags = [
-            "--listen",
-            "127.0.0.1:0",
-            "--upstream",
-            &upstream,
-            "--admin",
-            "off",
-            "--event-log",
-            &log_flag,
-        ];
-        let tap = support::tap::XdsTap::with_flags(&flags).await;
+        let tap = logging_tap(&upstream, &log, &[]).await;
         let io = TcpStream::connect(&tap.tap.addr).await.unwrap();
         let client = support::raw::client(io).await;
         let mut client = client.ready().await.unwrap();
@@ -178,11 +189,7 @@ async fn a_push_that_crosses_the_clients_reset_is_recorded_as_unanswered() {
             "pushed"
         );
         tap.close().await;
-        let lines = std::fs::read_to_string(&log).unwrap();
-        let line = (lines.lines())
-            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-            .find(|l| l["nonce"] == "n1")
-            .unwrap_or_else(|| panic!("no line for the push: {lines}"));
+        let line = log_line(&log, "n1");
         assert_eq!(line["verdict"], "unanswered", "{line}");
         assert_eq!(line["node"], "crossing-node", "{line}");
     }
@@ -210,8 +217,8 @@ struct PlaneState {
     /// Streams that have had their response headers.
     answered: Vec<(usize, u32)>,
     crossed: bool,
-    /// (type URL, response nonce, a NACK) of every request.
-    requests: Vec<(String, String, bool)>,
+    /// The response nonce of every request.
+    answered_nonces: Vec<String>,
 }
 
 impl Plane {
@@ -268,25 +275,18 @@ impl Plane {
 
     /// One gRPC message from the client on (connection, stream).
     fn on_request(&self, at: (usize, u32), bytes: &[u8]) {
-        let (type_url, names, nonce, nack) = match self.delta {
+        let (type_url, names, nonce) = match self.delta {
             true => {
                 let r = DeltaDiscoveryRequest::decode(bytes).unwrap();
-                let nack = r.error_detail.is_some();
-                (
-                    r.type_url,
-                    r.resource_names_subscribe,
-                    r.response_nonce,
-                    nack,
-                )
+                (r.type_url, r.resource_names_subscribe, r.response_nonce)
             }
             false => {
                 let r = DiscoveryRequest::decode(bytes).unwrap();
-                let nack = r.error_detail.is_some();
-                (r.type_url, r.resource_names, r.response_nonce, nack)
+                (r.type_url, r.resource_names, r.response_nonce)
             }
         };
         let mut state = self.state.lock().unwrap();
-        state.requests.push((type_url.clone(), nonce.clone(), nack));
+        state.answered_nonces.push(nonce);
         if type_url == CDS && state.cds.is_none() {
             state.cds = Some(at);
             let a = per_type_cluster("a", self.delta);
@@ -442,22 +442,13 @@ async fn envoy_resets_a_per_type_stream_as_a_push_crosses_it() {
         let receiver = Receiver::grpc().await;
         let dir = support::TempDir::new("crossing-envoy");
         let log = dir.path().join("events.jsonl");
-        let log_flag = log.display().to_string();
-        let flags = [
-            "--listen",
-            "127.0.0.1:0",
-            "--upstream",
-            &upstream,
-            "--admin",
-            "off",
-            "--event-log",
-            &log_flag,
+        let otlp = [
             "--otlp-endpoint",
             &receiver.endpoint,
             "--otlp-protocol",
             "grpc",
         ];
-        let tap = support::tap::XdsTap::with_flags(&flags).await;
+        let tap = logging_tap(&upstream, &log, &otlp).await;
         let node = format!("per-type-{}", if delta { "delta" } else { "sotw" });
         let envoy =
             Envoy::start_yaml(&node, &per_type_bootstrap(&node, &tap.tap.addr, delta)).await;
@@ -500,8 +491,7 @@ async fn envoy_resets_a_per_type_stream_as_a_push_crosses_it() {
             "{message}"
         );
         assert!(
-            !(plane.state.lock().unwrap().requests.iter())
-                .any(|(_, nonce, _)| nonce == "eds-crossing"),
+            !(plane.state.lock().unwrap().answered_nonces.iter()).any(|n| n == "eds-crossing"),
             "Envoy never answered the push"
         );
 
@@ -521,11 +511,7 @@ async fn envoy_resets_a_per_type_stream_as_a_push_crosses_it() {
         drop(envoy);
         tap.close().await;
         server.abort();
-        let lines = std::fs::read_to_string(&log).unwrap();
-        let line = (lines.lines())
-            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-            .find(|l| l["nonce"] == "eds-crossing")
-            .unwrap_or_else(|| panic!("no line for the push: {lines}"));
+        let line = log_line(&log, "eds-crossing");
         assert_eq!(line["verdict"], "unanswered", "{line}");
         assert_eq!(line["node"], node.as_str(), "{line}");
     }

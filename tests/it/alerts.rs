@@ -75,7 +75,7 @@ fn documented_queries() -> Vec<String> {
 struct Prometheus {
     _child: support::Child,
     addr: String,
-    _dir: support::TempDir,
+    dir: support::TempDir,
 }
 
 impl Prometheus {
@@ -110,21 +110,42 @@ impl Prometheus {
         let p = Prometheus {
             _child: support::Child(child),
             addr,
-            _dir: dir,
+            dir,
         };
         support::eventually_async(30, "Prometheus ready", || async {
-            tokio::net::TcpStream::connect(&p.addr).await.ok()?;
-            let (code, _) = support::http_get(&p.addr, "/-/ready").await;
+            let (code, _) = support::try_http_get(&p.addr, "/-/ready").await.ok()?;
             (code == 200).then_some(())
         })
         .await;
         p
     }
 
+    /// GET `path`. A connection refused or reset is tried again for a second (a reset was seen
+    /// once in CI, as the test run began and other tests opened hundreds of connections);
+    /// past that, the test fails with Prometheus's log.
+    async fn get(&self, path: &str) -> (u16, String) {
+        let mut tries = 0;
+        loop {
+            match support::try_http_get(&self.addr, path).await {
+                Ok(answer) => return answer,
+                Err(e) if tries < 5 => {
+                    eprintln!("GET {path} from Prometheus: {e}; trying again");
+                    tries += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+                Err(e) => {
+                    let log = self.dir.path().join("prometheus.log");
+                    let log = std::fs::read_to_string(log).unwrap_or_default();
+                    panic!("GET {path} from Prometheus at {}: {e}\n{log}", self.addr);
+                }
+            }
+        }
+    }
+
     /// The result of an instant query: its samples (status success asserted).
     async fn query(&self, q: &str) -> Vec<serde_json::Value> {
         let path = format!("/api/v1/query?query={}", percent_encode(q));
-        let (code, body) = support::http_get(&self.addr, &path).await;
+        let (code, body) = self.get(&path).await;
         let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
         assert!(
             code == 200 && v["status"] == "success",
@@ -142,7 +163,7 @@ impl Prometheus {
 
     /// The alerts firing now, as Prometheus gives them (labels, annotations).
     async fn alerts(&self) -> Vec<serde_json::Value> {
-        let (_, body) = support::http_get(&self.addr, "/api/v1/alerts").await;
+        let (_, body) = self.get("/api/v1/alerts").await;
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         (v["data"]["alerts"].as_array().into_iter().flatten())
             .filter(|a| a["state"] == "firing")

@@ -269,7 +269,6 @@ pub fn free_addr() -> String {
     panic!("no free port between {base} and {low}");
 }
 
-/// GET `path` from an HTTP/1.1 server at `addr` (the tap's admin server): (status, body).
 /// The tap's `/status`, read back from its JSON.
 pub async fn status(admin: &str) -> xdstap::api::v1::StatusReport {
     let (code, body) = http_get(admin, "/status").await;
@@ -277,21 +276,29 @@ pub async fn status(admin: &str) -> xdstap::api::v1::StatusReport {
     serde_json::from_str(&body).unwrap()
 }
 
+/// GET `path` from an HTTP/1.1 server at `addr` (the tap's admin server): (status, body).
 pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+    try_http_get(addr, path)
         .await
-        .unwrap();
+        .unwrap_or_else(|e| panic!("GET {path} from {addr}: {e}"))
+}
+
+/// As [`http_get`], with the connection's errors returned: for a server of someone else's
+/// (Prometheus) whose connections the test may see refused or reset while it starts.
+pub async fn try_http_get(addr: &str, path: &str) -> std::io::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await?;
     let mut raw = String::new();
-    s.read_to_string(&mut raw).await.unwrap();
+    s.read_to_string(&mut raw).await?;
     let (head, body) = raw.split_once("\r\n\r\n").unwrap();
     let code = head.split_whitespace().nth(1).unwrap().parse().unwrap();
     if !head
         .to_ascii_lowercase()
         .contains("transfer-encoding: chunked")
     {
-        return (code, body.to_string());
+        return Ok((code, body.to_string()));
     }
     // A chunked body: each chunk's size in hex on a line, the chunk, CRLF; a size 0 ends it.
     let (mut out, mut rest) = (String::new(), body);
@@ -303,7 +310,7 @@ pub async fn http_get(addr: &str, path: &str) -> (u16, String) {
         out.push_str(&after[..n]);
         rest = after[n..].trim_start_matches("\r\n");
     }
-    (code, out)
+    Ok((code, out))
 }
 
 /// `xdstap ARGS` run to its end: (exit code, stdout, stderr).

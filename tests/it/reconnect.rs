@@ -4,7 +4,8 @@
 //! endpoints (no warming, an ACK waiting for nothing), though Envoy's answer may come before the
 //! endpoints are pushed again. The resubscribe, with the version Envoy stated, is in the event
 //! log and in `xdstap watch`. What the tap knows Envoy runs carries over to the new stream:
-//! a later push that changes `a` alone waits for `a`'s endpoints alone.
+//! a later push that changes `a` alone waits for `a`'s endpoints alone. On Delta, what Envoy
+//! ran carries over by the resource versions it states: a NACK is blamed on what changed.
 
 use crate::support;
 
@@ -107,5 +108,66 @@ async fn a_reconnected_envoy_whose_clusters_did_not_change_waits_for_nothing() {
     .await;
     assert_eq!(waits, ["a"]);
     assert_eq!(first.node, "node-1");
+    tap.close().await;
+}
+
+/// The same for Delta, where the client states the version of each resource it has. A real
+/// Envoy on Delta ADS takes v1, the control plane restarts and Envoy reconnects stating what it
+/// has; the control plane then pushes every cluster again (as a Delta server that computes no
+/// difference does), `a` broken and `b` as it was. Envoy rejects the push, and the tap blames
+/// `a` alone: it knows by content that Envoy ran `b` as pushed, from the ledger of the stream
+/// that ended. A tap that did not know would count both as changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnected_delta_envoy_is_blamed_against_what_it_ran() {
+    let (cp, cp_addr, server) =
+        ControlPlane::listening(Snapshot::standard("v1", 1000, 1000, 9)).await;
+    let tap = XdsTap::start(support::tap::TapOptions::new(&cp_addr)).await;
+    let _envoy = Envoy::start("node-d", Xds::Tcp(tap.tap.addr.clone()), true).await;
+    support::eventually(20, "Envoy's ACK of CDS v1", || {
+        tap.verdicts().into_iter().find(|v| {
+            v.type_url == CDS && v.verdict == xdstap::correlate::Verdict::Ack && v.version == "v1"
+        })
+    })
+    .await;
+    let first_stream = (tap.events().iter())
+        .map(|e| e.context().stream.seq)
+        .max()
+        .unwrap();
+
+    cp.stop(server).await;
+    let listener = tokio::net::TcpListener::bind(&cp_addr).await.unwrap();
+    let _server = cp.serve(listener);
+    let stated = support::eventually(20, "Envoy's Delta resubscribe to CDS", || {
+        later(&tap, first_stream).into_iter().find_map(|e| match e {
+            Event::Resubscribe {
+                context, versions, ..
+            } if context.type_url == CDS => Some(versions),
+            _ => None,
+        })
+    })
+    .await;
+    let mut names: Vec<&str> = stated.iter().map(|(n, _)| n.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["a", "b"], "{stated:?}");
+
+    cp.push_delta_in_full();
+    cp.set(Snapshot::standard("v2", 0, 1000, 9));
+    let (pushed, changed) = support::eventually(20, "Envoy's NACK of CDS v2", || {
+        later(&tap, first_stream).into_iter().find_map(|e| match e {
+            Event::Verdict {
+                context,
+                push,
+                verdict: xdstap::correlate::Verdict::Nack { changed, .. },
+                ..
+            } if context.type_url == CDS && push.version == "v2" => {
+                let pushed: Vec<String> = push.resources.iter().map(|r| r.name.into()).collect();
+                Some((pushed, changed))
+            }
+            _ => None,
+        })
+    })
+    .await;
+    assert_eq!(pushed, ["a", "b"], "the control plane pushed both");
+    assert_eq!(changed, ["a"], "b ran as pushed");
     tap.close().await;
 }

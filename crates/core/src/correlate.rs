@@ -23,9 +23,10 @@
 //! push adds or changes that takes its endpoints from EDS has received them (or its
 //! `initial_fetch_timeout`, 15 s by default, passed); while it starts it does not hold it. A CDS
 //! push to a client that accepted clusters before (on this stream, or, when it reconnects
-//! stating a version, as the [`Ledger`] knows it from its last stream) names those clusters'
-//! EDS resources; a reconnecting client whose clusters the tap does not know is not followed
-//! (every cluster would look new); each EDS push after it on the stream
+//! stating a version or Delta resource versions, as the [`Ledger`] knows it from its last
+//! stream) names those clusters' EDS resources; a reconnecting SotW client whose clusters the
+//! tap does not know is not followed (every cluster would look new), a Delta one by the
+//! versions it states; each EDS push after it on the stream
 //! strikes off the names it carries; [`Event::Warming`] tells what is left whenever it changes,
 //! and the push's verdict says what was still missing when the answer came. Only within one
 //! stream (ADS): per-type streams carry CDS and EDS apart.
@@ -418,8 +419,30 @@ enum Accepted {
     /// the digest they had (none: they were new). A stream keeps only where it differs from
     /// the push, which the fleet shares.
     Except(Arc<Resources>, Vec<(String, Option<u64>)>),
-    /// Delta: name -> digest, folded over what was applied.
-    Digests(HashMap<String, u64>),
+    /// Delta: name -> what the client has of it, folded over what was applied.
+    Digests(HashMap<String, Held>),
+}
+
+/// A Delta resource the client has: the digests of its content and of the version the control
+/// plane gave it, which is what a reconnecting client states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Held {
+    digest: u64,
+    version: u64,
+}
+
+impl Held {
+    fn of(r: &crate::xds::Resource<'_>) -> Held {
+        Held {
+            digest: r.digest,
+            version: version_digest(r.version.unwrap_or_default()),
+        }
+    }
+}
+
+/// The digest a Delta resource's version is kept and matched by.
+fn version_digest(version: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(version.as_bytes())
 }
 
 impl Accepted {
@@ -444,7 +467,7 @@ impl Accepted {
                 }
                 m
             }
-            Accepted::Digests(m) => m.clone(),
+            Accepted::Digests(m) => m.iter().map(|(k, h)| (k.clone(), h.digest)).collect(),
         }
     }
 }
@@ -482,10 +505,10 @@ impl Subscription {
     /// Folds an accepted push into what the client has.
     fn accept(&mut self, api: Api, push: &Arc<Push>) {
         // A bare wrapper (a heartbeat) carries no content.
-        fn digests(p: &Push) -> impl Iterator<Item = (String, u64)> + '_ {
+        fn digests(p: &Push) -> impl Iterator<Item = (String, Held)> + '_ {
             (p.resources.iter())
                 .filter(|r| !r.bare)
-                .map(|r| (r.name.into_owned(), r.digest))
+                .map(|r| (r.name.to_string(), Held::of(&r)))
         }
         match (api, &mut self.accepted) {
             // Envoy's SotW mux leaves bare wrappers out: under a wildcard they are gone, a
@@ -530,6 +553,10 @@ impl Subscription {
             self.accepted = Some(Accepted::Except(push.resources.clone(), kept));
             return;
         }
+        let before = match &self.accepted {
+            Some(Accepted::Digests(m)) => Some(m.clone()),
+            _ => None,
+        };
         let rejected_names = scope::names(rejected);
         let is_rejected = |n: &str| rejected_names.contains(n);
         let mut now = before.clone().unwrap_or_default();
@@ -537,11 +564,11 @@ impl Subscription {
             now.remove(n);
         }
         for r in push.resources.iter().filter(|r| !is_rejected(&r.name)) {
-            now.insert(r.name.into_owned(), r.digest);
+            now.insert(r.name.to_string(), Held::of(&r));
         }
         for r in rejected {
-            if let Some(d) = before.as_ref().and_then(|b| b.get(&r.name)) {
-                now.insert(r.name.clone(), *d);
+            if let Some(h) = before.as_ref().and_then(|b| b.get(&r.name)) {
+                now.insert(r.name.clone(), *h);
             }
         }
         self.accepted = Some(Accepted::Digests(now));
@@ -572,7 +599,7 @@ fn objects_changed(
             }
             let mut c = Changed::default();
             for (i, r) in new.iter().enumerate() {
-                if !r.bare && had.get(&*r.name) != Some(&r.digest) {
+                if !r.bare && had.get(&*r.name).map(|h| h.digest) != Some(r.digest) {
                     c.add(new.origins_of(i));
                 }
             }
@@ -736,11 +763,17 @@ impl Correlator {
                 // through this tap ended on that version, what it runs is known.
                 if api == Api::Sotw && !req.version_info.is_empty() {
                     sub.running_version = Some(req.version_info.clone());
-                    if let (Some(ledger), Some(node)) = (ledger, node) {
+                    if let (Some(ledger), Some(node)) = (&ledger, &node) {
                         sub.accepted = ledger.recall(&node.id, &req.type_url, &req.version_info);
                     }
                 }
+                // A Delta client states each resource's version: when every one is what its
+                // last stream through this tap ended with, what it runs is known by content.
                 if api == Api::Delta && !req.initial_resource_versions.is_empty() {
+                    if let (Some(ledger), Some(node)) = (&ledger, &node) {
+                        let stated = &req.initial_resource_versions;
+                        sub.accepted = ledger.recall_delta(&node.id, &req.type_url, stated);
+                    }
                     let stated = req.initial_resource_versions.iter().cloned().collect();
                     sub.stated = Some(stated);
                 }
@@ -894,15 +927,22 @@ impl Correlator {
                 // names are decoded and looked up.
                 let mut by_name: Option<HashMap<String, u64>> = None;
                 warming_names(push, |i, digest| {
-                    let old = match accepted {
-                        Accepted::Push(p) if p.digest_at(i).map(|d| d.0) == Some(digest) => {
-                            return true
+                    if let Accepted::Push(p) = accepted {
+                        if p.digest_at(i).map(|d| d.0) == Some(digest) {
+                            return true;
                         }
-                        Accepted::Digests(m) => m,
-                        a => by_name.get_or_insert_with(|| a.digests()),
+                    }
+                    let Some(r) = push.resources.get(i) else {
+                        return false;
                     };
-                    let r = push.resources.get(i);
-                    r.is_some_and(|r| old.get(&*r.name) == Some(&digest))
+                    let had = match accepted {
+                        Accepted::Digests(m) => m.get(&*r.name).map(|h| h.digest),
+                        a => by_name
+                            .get_or_insert_with(|| a.digests())
+                            .get(&*r.name)
+                            .copied(),
+                    };
+                    had == Some(digest)
                 })
             }
             // A reconnected Delta client has, of each resource, the version it stated.
@@ -998,8 +1038,14 @@ impl Correlator {
         let types = std::mem::take(&mut self.types);
         if let (Some(ledger), Some(node)) = (&self.ledger, &self.node) {
             for (type_url, sub) in &types {
-                if let (Some(version), Some(accepted)) = (&sub.running_version, &sub.accepted) {
-                    ledger.record(&node.id, type_url, version, accepted.clone());
+                match (&sub.running_version, &sub.accepted) {
+                    (Some(version), Some(accepted)) if self.api == Api::Sotw => {
+                        ledger.record(&node.id, type_url, version, accepted.clone());
+                    }
+                    (_, Some(Accepted::Digests(held))) if self.api == Api::Delta => {
+                        ledger.record_delta(&node.id, type_url, held);
+                    }
+                    _ => {}
                 }
             }
         }
@@ -1202,7 +1248,7 @@ fn blame(
 ) -> (Vec<String>, Vec<String>) {
     let old: Option<HashMap<Cow<'_, str>, u64>> = accepted.map(|a| match a {
         Accepted::Push(p) => p.iter().map(|r| (r.name, r.digest)).collect(),
-        Accepted::Digests(m) => m.iter().map(|(k, v)| (Cow::from(k), *v)).collect(),
+        Accepted::Digests(m) => m.iter().map(|(k, h)| (Cow::from(k), h.digest)).collect(),
         Accepted::Except(..) => (a.digests().into_iter())
             .map(|(k, v)| (Cow::from(k), v))
             .collect(),

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
@@ -54,6 +54,8 @@ struct Inner {
     log: Mutex<Log>,
     next_stream: AtomicU64,
     next_nonce: AtomicU64,
+    /// Delta: a change pushes every resource of the type again, changed or not.
+    full_delta: AtomicBool,
 }
 
 impl Inner {
@@ -90,6 +92,7 @@ impl ControlPlane {
                 log: Mutex::default(),
                 next_stream: AtomicU64::new(1),
                 next_nonce: AtomicU64::new(1),
+                full_delta: Default::default(),
             }),
         }
     }
@@ -125,6 +128,13 @@ impl ControlPlane {
     pub async fn stop(&self, server: tokio::task::JoinHandle<()>) {
         self.inner.stop.send_replace(true);
         let _ = server.await;
+    }
+
+    /// From now on a change pushes Delta clients every resource of a type again, as a Delta
+    /// server that computes no difference does (istiod's full pushes); a stream's first
+    /// answer still skips what the client states it has.
+    pub fn push_delta_in_full(&self) {
+        self.inner.full_delta.store(true, Ordering::Relaxed);
     }
 
     /// Replaces the default snapshot and pushes what changed to every stream.
@@ -399,11 +409,19 @@ impl AggregatedDiscoveryService for ControlPlane {
                     }
                     _ = changed.changed() => {
                         let mut changed_clusters: Vec<String> = Vec::new();
+                        let full = cp.inner.full_delta.load(Ordering::Relaxed);
                         for t in ORDER {
                             if !subs.contains_key(t) {
                                 continue;
                             }
-                            let force = if t == EDS { changed_clusters.clone() } else { vec![] };
+                            let force = if full {
+                                let snap = cp.inner.snapshot(node.as_deref());
+                                snap.of(t).iter().map(|(n, _)| n.clone()).collect()
+                            } else if t == EDS {
+                                changed_clusters.clone()
+                            } else {
+                                vec![]
+                            };
                             if let Some(resp) = diff(&subs, &mut has, &node, t, &force) {
                                 if t == CDS {
                                     changed_clusters = resp.resources.iter().map(|r| r.name.clone()).collect();

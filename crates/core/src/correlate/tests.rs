@@ -974,3 +974,159 @@ fn delta_cds_warms_what_it_carries_and_stream_end_decides_warming_pushes() {
     assert_eq!(waiting_for(&e), ["b"]);
     assert!(c.warming.is_empty());
 }
+
+/// A Delta push whose resources carry versions: (name, digest, version).
+fn versioned(version: &str, nonce: &str, list: &[(&str, u64, &str)]) -> Response {
+    Response {
+        type_url: CDS.into(),
+        version_info: version.into(),
+        nonce: nonce.into(),
+        resources: (list.iter())
+            .map(|(n, d, v)| ResourceRef {
+                name: n.to_string(),
+                version: Some(v.to_string()),
+                digest: *d,
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// A Delta client reconnecting with `stated` (name, version) pairs; its first request's
+/// events.
+fn delta_reconnect(c: &mut Correlator, node: &str, stated: &[(&str, &str)]) -> Vec<Event> {
+    let mut first = as_node(node, req(CDS, "", "", &[]));
+    first.initial_resource_versions = (stated.iter())
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect();
+    step(c, |c, o| c.on_request(first, 1, o))
+}
+
+/// The NACK's `changed` and `applied` lists.
+fn nacked(events: &[Event]) -> (Vec<String>, Vec<String>) {
+    match events {
+        [Event::Verdict {
+            verdict: Verdict::Nack {
+                changed, applied, ..
+            },
+            ..
+        }] => (changed.clone(), applied.clone()),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A Delta client that reconnects stating, of every resource, the version its last stream
+/// through this tap ended with runs what it ran, by content: a control plane that pushes every
+/// resource again (as a full Delta push does) with one bad is blamed for that one alone, and a
+/// partial NACK applies nothing that did not change. Stating a version the tap did not see, or
+/// a resource it does not know, it is not known, and every resource pushed counts as changed.
+#[test]
+fn a_reconnecting_delta_client_runs_what_its_last_stream_ended_with() {
+    let ledger = Arc::new(Ledger::default());
+    let mut c = correlator(Api::Delta).with_ledger(ledger.clone());
+    step(&mut c, |c, o| {
+        c.on_request(as_node("n", req(CDS, "", "", &[])), 0, o)
+    });
+    let v1 = [("a", 1, "va1"), ("b", 2, "vb1")];
+    step(&mut c, |c, o| {
+        c.on_response(versioned("v1", "d1", &v1), 0, o)
+    });
+    step(&mut c, |c, o| c.on_request(req(CDS, "", "d1", &[]), 0, o));
+    // A removal and an update, then the end.
+    let mut v2 = versioned("v2", "d2", &[("a", 3, "va2")]);
+    v2.removed = vec!["b".into()];
+    step(&mut c, |c, o| c.on_response(v2, 0, o));
+    step(&mut c, |c, o| c.on_request(req(CDS, "", "d2", &[]), 0, o));
+    step(&mut c, |c, o| c.on_stream_end(None, "gone", 0, o));
+    assert_eq!(ledger.entries(), 1);
+
+    let full = [("a", 3, "va2"), ("x", 9, "vx1")];
+    let mut c = correlator(Api::Delta).with_ledger(ledger.clone());
+    let e = delta_reconnect(&mut c, "n", &[("a", "va2")]);
+    assert!(matches!(&e[..], [Event::Resubscribe { versions, .. }] if versions.len() == 1));
+    step(&mut c, |c, o| {
+        c.on_response(versioned("v3", "r1", &full), 2, o)
+    });
+    let e = step(&mut c, |c, o| {
+        c.on_request(nack(CDS, "", "r1", "no good"), 3, o)
+    });
+    assert_eq!(nacked(&e), (vec!["x".into()], vec![]));
+
+    // Partial: `x` rejected by name; `a` is what ran, so nothing applied.
+    let mut c = correlator(Api::Delta).with_ledger(ledger.clone());
+    delta_reconnect(&mut c, "n", &[("a", "va2")]);
+    step(&mut c, |c, o| {
+        c.on_response(versioned("v3", "r1", &full), 2, o)
+    });
+    let msg = "Error adding/updating cluster(s) x: malformed IP address: not-an-ip";
+    let e = step(&mut c, |c, o| c.on_request(nack(CDS, "", "r1", msg), 3, o));
+    assert_eq!(nacked(&e), (vec!["x".into()], vec![]));
+
+    // A version it did not end with, a resource it did not have, another node, a version
+    // left empty: not known.
+    let unknown: [(&str, &[(&str, &str)]); 4] = [
+        ("n", &[("a", "va1")]),
+        ("n", &[("a", "va2"), ("b", "vb1")]),
+        ("m", &[("a", "va2")]),
+        ("n", &[("a", "")]),
+    ];
+    for (node, stated) in unknown {
+        let mut c = correlator(Api::Delta).with_ledger(ledger.clone());
+        delta_reconnect(&mut c, node, stated);
+        step(&mut c, |c, o| {
+            c.on_response(versioned("v3", "r1", &full), 2, o)
+        });
+        let e = step(&mut c, |c, o| {
+            c.on_request(nack(CDS, "", "r1", "no good"), 3, o)
+        });
+        let changed = nacked(&e).0;
+        assert_eq!(changed, ["a", "x"], "{node} {stated:?}");
+    }
+}
+
+/// The ledger keeps at most its bound of Delta resources, the entries recorded longest ago
+/// going first; a set larger than the bound is not kept, nor what that node had before.
+#[test]
+fn the_ledgers_delta_resources_are_bounded() {
+    let ledger = Ledger::default();
+    let each = ledger::MAX_DELTA_HELD / 4;
+    let held: HashMap<String, Held> = (0..each)
+        .map(|i| {
+            (
+                format!("r{i}"),
+                Held {
+                    digest: i as u64,
+                    version: version_digest("v"),
+                },
+            )
+        })
+        .collect();
+    for i in 0..5 {
+        ledger.record_delta(&format!("node-{i}"), CDS, &held);
+    }
+    let stated = vec![("r7".to_string(), "v".to_string())];
+    assert!(
+        ledger.recall_delta("node-0", CDS, &stated).is_none(),
+        "the oldest went"
+    );
+    assert_eq!(ledger.entries(), 4);
+    let Some(Accepted::Digests(had)) = ledger.recall_delta("node-4", CDS, &stated) else {
+        panic!("the newest is kept");
+    };
+    assert_eq!(had["r7"].digest, 7);
+    let too_many: HashMap<String, Held> = (0..=ledger::MAX_DELTA_HELD)
+        .map(|i| {
+            (
+                format!("r{i}"),
+                Held {
+                    digest: 0,
+                    version: 0,
+                },
+            )
+        })
+        .collect();
+    ledger.record_delta("node-4", CDS, &too_many);
+    assert!(ledger.recall_delta("node-4", CDS, &stated).is_none());
+    assert_eq!(ledger.entries(), 3);
+}

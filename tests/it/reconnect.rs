@@ -22,6 +22,21 @@ fn later(tap: &XdsTap, after: u64) -> Vec<Event> {
         .collect()
 }
 
+/// Envoy's ACK of CDS v1, and the tap's last stream id by then (the stream it came on).
+async fn acked_v1(tap: &XdsTap) -> (support::tap::Verdict, u64) {
+    let ack = support::eventually(20, "Envoy's ACK of CDS v1", || {
+        tap.verdicts().into_iter().find(|v| {
+            v.type_url == CDS && v.verdict == xdstap::correlate::Verdict::Ack && v.version == "v1"
+        })
+    })
+    .await;
+    let stream = (tap.events().iter())
+        .map(|e| e.context().stream.seq)
+        .max()
+        .unwrap();
+    (ack, stream)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reconnected_envoy_whose_clusters_did_not_change_waits_for_nothing() {
     let (cp, cp_addr, server) =
@@ -32,16 +47,7 @@ async fn a_reconnected_envoy_whose_clusters_did_not_change_waits_for_nothing() {
     config.event_log = Some(log.clone());
     let tap = XdsTap::with_config(config, vec![]).await;
     let _envoy = Envoy::start("node-1", Xds::Tcp(tap.tap.addr.clone()), false).await;
-    let first = support::eventually(20, "Envoy's ACK of CDS v1", || {
-        tap.verdicts().into_iter().find(|v| {
-            v.type_url == CDS && v.verdict == xdstap::correlate::Verdict::Ack && v.version == "v1"
-        })
-    })
-    .await;
-    let first_stream = (tap.events().iter())
-        .map(|e| e.context().stream.seq)
-        .max()
-        .unwrap();
+    let (first, first_stream) = acked_v1(&tap).await;
     let (_watch, watched) = support::watch_into(&tap.admin, dir.path()).await;
 
     // The control plane restarts on its address; Envoy reconnects through the tap.
@@ -123,16 +129,7 @@ async fn a_reconnected_delta_envoy_is_blamed_against_what_it_ran() {
         ControlPlane::listening(Snapshot::standard("v1", 1000, 1000, 9)).await;
     let tap = XdsTap::start(support::tap::TapOptions::new(&cp_addr)).await;
     let _envoy = Envoy::start("node-d", Xds::Tcp(tap.tap.addr.clone()), true).await;
-    support::eventually(20, "Envoy's ACK of CDS v1", || {
-        tap.verdicts().into_iter().find(|v| {
-            v.type_url == CDS && v.verdict == xdstap::correlate::Verdict::Ack && v.version == "v1"
-        })
-    })
-    .await;
-    let first_stream = (tap.events().iter())
-        .map(|e| e.context().stream.seq)
-        .max()
-        .unwrap();
+    let (_, first_stream) = acked_v1(&tap).await;
 
     cp.stop(server).await;
     let listener = tokio::net::TcpListener::bind(&cp_addr).await.unwrap();
